@@ -1,0 +1,39 @@
+"""gpudoctor: find out why a PyTorch script leaves its GPU idle, and what to change.
+
+The public API for rule authors is `rule`, `Finding` and `Run` (and the view types in
+`gpudoctor.analysis.views`); a training loop with neither an optimizer nor a DataLoader marks its steps
+with `gpudoctor.step()`. Importing gpudoctor is cheap: the rest loads on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpudoctor._version import __version__
+
+if TYPE_CHECKING:
+    from gpudoctor.analysis import NotEvaluated, Run
+    from gpudoctor.engine import Finding, rule
+
+__all__ = ["Finding", "NotEvaluated", "Run", "__version__", "rule", "step"]
+
+
+def step() -> None:
+    """Mark the end of a training step. Does nothing unless the script runs under `gpudoctor profile`."""
+    from gpudoctor.collect.recorder import active
+
+    recorder = active()
+    if recorder is not None:
+        recorder.on_explicit_step()
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Finding", "rule"):
+        from gpudoctor import engine
+
+        return getattr(engine, name)
+    if name in ("Run", "NotEvaluated"):
+        from gpudoctor import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError(f"module 'gpudoctor' has no attribute {name!r}")

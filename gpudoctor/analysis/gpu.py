@@ -1,0 +1,65 @@
+"""The GPU view: what ran on each device, when it was busy, and when it sat idle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from gpudoctor.analysis import intervals
+from gpudoctor.analysis.trace import GpuOp
+
+
+@dataclass
+class GpuView:
+    """GPU activity from the trace. Busy is the union over streams of kernels, copies and memsets, per device."""
+
+    ops: list[GpuOp]
+    span: tuple[float, float]  # the analysed steps, first start to last end
+
+    @cached_property
+    def devices(self) -> list[int]:
+        return sorted({op.device for op in self.ops})
+
+    @cached_property
+    def kernels(self) -> list[GpuOp]:
+        return [op for op in self.ops if op.kind == "kernel"]
+
+    @cached_property
+    def memcpys(self) -> list[GpuOp]:
+        return [op for op in self.ops if op.kind == "memcpy"]
+
+    @cached_property
+    def _busy_by_device(self) -> dict[int, list[intervals.Interval]]:
+        return {d: intervals.union((op.start, op.end) for op in self.ops if op.device == d) for d in self.devices}
+
+    @cached_property
+    def _compute_by_device(self) -> dict[int, list[intervals.Interval]]:
+        return {d: intervals.union((k.start, k.end) for k in self.kernels if k.device == d) for d in self.devices}
+
+    @cached_property
+    def primary_device(self) -> int | None:
+        """The device with the most busy time: the one the script trains on."""
+        if not self.devices:
+            return None
+        lo, hi = self.span
+        return max(self.devices, key=lambda d: intervals.covered(self._busy_by_device[d], lo, hi))
+
+    def busy_s(self, lo: float, hi: float, device: int | None = None) -> float:
+        device = self.primary_device if device is None else device
+        return intervals.covered(self._busy_by_device.get(device, []), lo, hi)
+
+    def compute_s(self, lo: float, hi: float, device: int | None = None) -> float:
+        device = self.primary_device if device is None else device
+        return intervals.covered(self._compute_by_device.get(device, []), lo, hi)
+
+    def idle_gaps(self, lo: float, hi: float, device: int | None = None) -> list[intervals.Interval]:
+        device = self.primary_device if device is None else device
+        return intervals.gaps(self._busy_by_device.get(device, []), lo, hi)
+
+    def kernels_in(self, lo: float, hi: float) -> list[GpuOp]:
+        return [k for k in self.kernels if lo <= k.start < hi]
+
+    @property
+    def busy_fraction(self) -> float:
+        lo, hi = self.span
+        return self.busy_s(lo, hi) / (hi - lo) if hi > lo else 0.0

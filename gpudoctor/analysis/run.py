@@ -1,0 +1,307 @@
+"""`Run`: a bundle parsed once into typed, cached views: the API that rules are written against."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from gpudoctor import bundle as bundle_io
+from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.trace import TraceData, parse_trace
+from gpudoctor.analysis.views import (
+    CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
+    Step, SyncSite, ThreadInfo,
+)
+
+ANALYSED_WINDOW_STATES = ("active",)
+
+
+class NotEvaluated(Exception):
+    """Raised by a view (or a rule) when the data a rule needs was not collected in this run."""
+
+
+class Run:
+    """One profiled run. Build it with `Run.from_bundle(path)` or `Run.from_trace(path)`.
+
+    `steps` are the steps analysed: those of the profiler's active window when it recorded, otherwise
+    every step after the window's `wait` (start-up is not representative), otherwise all of them.
+    """
+
+    def __init__(self, manifest: dict[str, Any], events: list[dict[str, Any]], trace_path: Path | None,
+                 host_samples: list[dict[str, Any]], proc_samples: list[dict[str, Any]],
+                 gpu_samples: list[dict[str, Any]], path: Path | None = None) -> None:
+        self.manifest = manifest
+        self.path = path
+        self._events = events
+        self._trace_path = trace_path
+        self._host_samples = host_samples
+        self._proc_samples = proc_samples
+        self._gpu_samples = gpu_samples
+
+    # -- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_bundle(cls, path: Path | str) -> Run:
+        b = bundle_io.load(Path(path))
+        return cls(b.manifest, list(b.events()), b.trace_path, list(b.samples("host")), list(b.samples("procs")),
+                   list(b.samples("gpu")), path=b.path)
+
+    @classmethod
+    def from_trace(cls, path: Path | str) -> Run:
+        """A Chrome trace from torch.profiler made anywhere: trace-only views, the rest not evaluated."""
+        path = Path(path)
+        manifest = {"schema_version": bundle_io.SCHEMA_VERSION, "trace_only": True, "target": {"script": path.name}}
+        return cls(manifest, [], path, [], [], [], path=path)
+
+    # -- raw events ------------------------------------------------------------------------------
+    def events(self, kind: str) -> Iterator[dict[str, Any]]:
+        return (e for e in self._events if e.get("kind") == kind)
+
+    @property
+    def trace_only(self) -> bool:
+        return bool(self.manifest.get("trace_only"))
+
+    @cached_property
+    def trace(self) -> TraceData | None:
+        return parse_trace(self._trace_path) if self._trace_path else None
+
+    # -- steps -----------------------------------------------------------------------------------
+    @cached_property
+    def _window_first_step(self) -> int:
+        opened = [e for e in self.events("window") if e.get("state") == "opened"]
+        return int(opened[-1]["first_step"]) if opened else 0
+
+    @cached_property
+    def all_steps(self) -> list[Step]:
+        if self.trace_only:
+            return self._steps_from_trace()
+        return [self._step_from_event(e) for e in self.events("step")]
+
+    @cached_property
+    def steps(self) -> list[Step]:
+        steps = self.all_steps
+        active = [s for s in steps if s.window in ANALYSED_WINDOW_STATES]
+        if active:
+            return active
+        wait = int(self.manifest.get("window", {}).get("wait", 0))
+        return steps[wait:] if len(steps) > wait else steps
+
+    @property
+    def wall_s(self) -> float:
+        """Wall time of the analysed steps."""
+        return sum(s.wall_s for s in self.steps)
+
+    def _step_from_event(self, event: dict[str, Any]) -> Step:
+        start, wall = float(event["t0"]), float(event["wall_s"])
+        phases = event.get("phases")
+        gpu = self._gpu_fields(int(event["step"]) - self._window_first_step, start, start + wall)
+        return Step(
+            index=int(event["step"]), start=start, wall_s=wall, data_wait_s=float(event.get("data_wait_s", 0.0)),
+            window=event.get("window", "waiting"),
+            forward_s=phases["forward"] if phases else None, backward_s=phases["backward"] if phases else None,
+            optimizer_s=phases["optimizer"] if phases else None,
+            copy_s=sum(c["host_s"] for c in event["copies"]) if "copies" in event else None,
+            sync_s=sum(s["host_s"] for s in event["syncs"]) if "syncs" in event else None,
+            gil=GilStats(**event["gil"]) if event.get("gil") else None,
+            cuda_memory=event.get("cuda_memory"), **gpu,
+        )
+
+    def _gpu_fields(self, trace_step: int, start: float, end: float) -> dict[str, Any]:
+        trace = self.trace
+        if trace is None or not trace.has_gpu or self.gpu is None:
+            return {}
+        if trace_step in trace.steps:
+            start, end = trace.steps[trace_step]
+        elif not trace.steps or not (trace.gpu_ops[0].start <= end and start <= trace.gpu_ops[-1].end):
+            return {}
+        busy = self.gpu.busy_s(start, end)
+        return {
+            "gpu_busy_s": busy, "gpu_compute_s": self.gpu.compute_s(start, end),
+            "gpu_idle_s": max(0.0, (end - start) - busy), "kernels": len(self.gpu.kernels_in(start, end)),
+        }
+
+    def _steps_from_trace(self) -> list[Step]:
+        trace = self.trace
+        if trace is None:
+            return []
+        waits = [a for a in trace.annotations if "DataLoader" in a.name and "__next__" in a.name]
+        steps = []
+        for index, (start, end) in sorted(trace.steps.items()):
+            wait = sum(a.dur for a in waits if start <= a.start < end)
+            steps.append(Step(index=index, start=start, wall_s=end - start, data_wait_s=wait, window="active",
+                              **self._gpu_fields(index, start, end)))
+        return steps
+
+    # -- GPU -------------------------------------------------------------------------------------
+    @cached_property
+    def gpu(self) -> GpuView | None:
+        """GPU activity in the trace, or None when the run recorded none."""
+        trace = self.trace
+        if trace is None or not trace.has_gpu:
+            return None
+        if trace.steps:
+            span = (min(s for s, _ in trace.steps.values()), max(e for _, e in trace.steps.values()))
+        else:
+            span = (trace.gpu_ops[0].start, max(op.end for op in trace.gpu_ops))
+        return GpuView(trace.gpu_ops, span)
+
+    def require_gpu(self) -> GpuView:
+        if self.gpu is None:
+            raise NotEvaluated(self._why_no_gpu())
+        return self.gpu
+
+    def _why_no_gpu(self) -> str:
+        if self.trace is None:
+            reason = self.manifest.get("collectors", {}).get("profiler", {}).get("reason")
+            return f"no profiler trace in this run ({reason})" if reason else "no profiler trace in this run"
+        return "no GPU activity in this run's trace (the script did not use CUDA, or CUDA was not available)"
+
+    # -- input pipeline, copies, syncs -----------------------------------------------------------
+    @cached_property
+    def loader(self) -> LoaderView:
+        loaders = [
+            LoaderInfo(
+                location=Location.from_dict(e.get("site")), num_workers=int(e.get("num_workers", 0)),
+                pin_memory=bool(e.get("pin_memory")), batch_size=e.get("batch_size"),
+                prefetch_factor=e.get("prefetch_factor"), persistent_workers=bool(e.get("persistent_workers")),
+                dataset=str(e.get("dataset", "")), dataset_len=e.get("dataset_len"),
+                start_method=e.get("start_method"),
+            )
+            for e in self.events("loader")
+        ]
+        return LoaderView(loaders)
+
+    def _window_rows(self, key: str) -> list[dict[str, Any]]:
+        analysed = {s.index for s in self.steps}
+        return [row for e in self.events("step") if e["step"] in analysed for row in e.get(key, [])]
+
+    @cached_property
+    def copies(self) -> list[CopySite]:
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        for row in self._window_rows("copies"):
+            site = row.get("site") or {}
+            groups[(row["direction"], row["pinned"], row["non_blocking"], site.get("file"), site.get("line"))].append(row)
+        return sorted(
+            (CopySite(rows[0]["direction"], rows[0]["pinned"], rows[0]["non_blocking"], sum(r["count"] for r in rows),
+                      sum(r["bytes"] for r in rows), sum(r["host_s"] for r in rows), max(r["max_s"] for r in rows),
+                      Location.from_dict(rows[0].get("site")))
+             for rows in groups.values()),
+            key=lambda c: -c.host_s,
+        )
+
+    @cached_property
+    def syncs(self) -> list[SyncSite]:
+        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+        for row in self._window_rows("syncs"):
+            site = row.get("site") or {}
+            groups[(row["kind"], site.get("file"), site.get("line"))].append(row)
+        return sorted(
+            (SyncSite(rows[0]["kind"], sum(r["count"] for r in rows), sum(r["host_s"] for r in rows),
+                      max(r["max_s"] for r in rows), Location.from_dict(rows[0].get("site")))
+             for rows in groups.values()),
+            key=lambda s: -s.host_s,
+        )
+
+    # -- threads, processes, forks ---------------------------------------------------------------
+    @cached_property
+    def threads(self) -> list[ThreadInfo]:
+        return [ThreadInfo(e.get("name", ""), e.get("target"), bool(e.get("daemon")), Location.from_dict(e.get("site")))
+                for e in self.events("thread_start")]
+
+    @cached_property
+    def forks(self) -> list[ForkInfo]:
+        return [ForkInfo(float(e["t"]), bool(e.get("cuda_initialized")), e.get("start_method"),
+                         bool(e.get("dataloader_worker")), Location.from_dict(e.get("site")))
+                for e in self.events("fork")]
+
+    @cached_property
+    def processes(self) -> list[ProcessInfo]:
+        return _process_infos(self._proc_samples)
+
+    # -- samples and environment -----------------------------------------------------------------
+    @cached_property
+    def samples(self) -> Samples:
+        return Samples(host=_host_series(self._host_samples, self._proc_samples), gpu=_gpu_series(self._gpu_samples))
+
+    @cached_property
+    def env(self) -> Env:
+        child = self.manifest.get("child", {})
+        process, torch, window = child.get("process", {}), child.get("torch", {}), child.get("env_window", {})
+        host = self.manifest.get("host", {})
+        affinity = process.get("affinity") or host.get("affinity")
+        return Env(
+            cores=len(affinity) if affinity else host.get("cpu_count"), cpu_count=host.get("cpu_count"),
+            memory_total=host.get("memory_total"), gil_enabled=process.get("gil_enabled"),
+            start_method=process.get("start_method"), intra_op_threads=window.get("intra_op_threads"),
+            python=process.get("python") or self.manifest.get("python"), torch=torch.get("version"),
+            cuda_build=torch.get("cuda_build"), driver=self.manifest.get("driver"),
+            gpus=self.manifest.get("gpus", []), cuda_device=window.get("cuda_device"),
+        )
+
+    @cached_property
+    def exit(self) -> Exit:
+        info = self.manifest.get("exit") or {}
+        exception = info.get("exception") or {}
+        return Exit(info.get("ending", "unknown"), info.get("status"), exception.get("exception"),
+                    exception.get("message"), Location.from_dict(exception.get("where")))
+
+
+def _rate(prev: dict[str, Any], cur: dict[str, Any], key: str, dt: float) -> float | None:
+    if key not in prev or key not in cur or dt <= 0:
+        return None
+    return max(0.0, (cur[key] - prev[key]) / dt)
+
+
+def _tree_cpu(sample: dict[str, Any]) -> dict[int, float]:
+    return {p["pid"]: p["cpu_s"] for p in sample.get("procs", [])}
+
+
+def _host_series(host: list[dict[str, Any]], procs: list[dict[str, Any]]) -> list[SeriesPoint]:
+    tree_by_time = {round(s["t"], 6): _tree_cpu(s) for s in procs}
+    points, prev, prev_tree = [], None, None
+    for sample in host:
+        tree = tree_by_time.get(round(sample["t"], 6))
+        if prev is not None:
+            dt = sample["t"] - prev["t"]
+            busy = sum(sample.get("cpu_pct", [])) / 100.0
+            tree_cores = None
+            if tree is not None and prev_tree is not None and dt > 0:
+                tree_cores = sum(max(0.0, cpu - prev_tree.get(pid, cpu)) for pid, cpu in tree.items()) / dt
+            points.append(SeriesPoint(sample["t"], {
+                "busy_cores": busy, "tree_cores": tree_cores,
+                "other_cores": max(0.0, busy - tree_cores) if tree_cores is not None else None,
+                "load1": sample.get("load", [None])[0], "mem_available": sample.get("mem_available"),
+                "swap_in_bps": _rate(prev, sample, "swap_in", dt), "swap_out_bps": _rate(prev, sample, "swap_out", dt),
+            }))
+        prev, prev_tree = sample, tree
+    return points
+
+
+def _gpu_series(samples: list[dict[str, Any]]) -> dict[int, list[SeriesPoint]]:
+    series: dict[int, list[SeriesPoint]] = defaultdict(list)
+    for sample in samples:
+        for row in sample.get("gpus", []):
+            values = {k: v for k, v in row.items() if k != "gpu"}
+            series[int(row["gpu"])].append(SeriesPoint(sample["t"], values))
+    return dict(series)
+
+
+def _process_infos(samples: list[dict[str, Any]]) -> list[ProcessInfo]:
+    if not samples:
+        return []
+    root = next((p["pid"] for s in samples for p in s.get("procs", [])), None)
+    history: dict[int, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
+    for sample in samples:
+        for proc in sample.get("procs", []):
+            history[proc["pid"]].append((sample["t"], proc))
+    infos = []
+    for pid, rows in history.items():
+        rates = [(b[1]["cpu_s"] - a[1]["cpu_s"]) / (b[0] - a[0]) for a, b in zip(rows, rows[1:]) if b[0] > a[0]]
+        infos.append(ProcessInfo(
+            pid=pid, name=rows[-1][1].get("name", ""), role="main" if pid == root else "child",
+            cpu_mean=sum(rates) / len(rates) if rates else 0.0, cpu_max=max(rates, default=0.0),
+            rss_max=max(r[1].get("rss", 0) for r in rows), threads_max=max(r[1].get("threads", 0) for r in rows),
+        ))
+    return infos

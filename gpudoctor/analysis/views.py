@@ -1,0 +1,199 @@
+"""The typed views a rule reads. Every figure is in seconds, bytes or cores; None means "not measured"."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Location:
+    """A line in the user's code."""
+
+    file: str
+    line: int
+    function: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Location | None:
+        if not data or not data.get("file"):
+            return None
+        return cls(str(data["file"]), int(data.get("line") or 0), str(data.get("function") or ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class GilStats:
+    """Wake-up delays of the GIL probe over one step (seconds)."""
+
+    samples: int
+    mean_s: float
+    p95_s: float
+    max_s: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training (or inference) step, from the instrumentation and, inside the window, the trace."""
+
+    index: int
+    start: float  # seconds since the epoch
+    wall_s: float
+    data_wait_s: float
+    window: str  # waiting | warmup | active | closed | failed
+    forward_s: float | None = None
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    copy_s: float | None = None  # host time spent in host<->device copy calls
+    sync_s: float | None = None  # host time blocked in synchronizing calls
+    gpu_busy_s: float | None = None  # kernels, copies and memsets, union over streams, busiest device
+    gpu_compute_s: float | None = None  # kernels only
+    gpu_idle_s: float | None = None
+    kernels: int | None = None
+    gil: GilStats | None = None
+    cuda_memory: dict[str, int] | None = None
+
+    @property
+    def end(self) -> float:
+        return self.start + self.wall_s
+
+    @property
+    def other_s(self) -> float:
+        """Host time not in any measured phase (the user's own Python, logging, ...)."""
+        known = self.data_wait_s + sum(x or 0.0 for x in (self.forward_s, self.backward_s, self.optimizer_s,
+                                                          self.copy_s, self.sync_s))
+        return max(0.0, self.wall_s - known)
+
+
+@dataclass(frozen=True)
+class LoaderInfo:
+    """A DataLoader the script iterated, with its settings and where it was built."""
+
+    location: Location | None
+    num_workers: int
+    pin_memory: bool
+    batch_size: int | None
+    prefetch_factor: int | None
+    persistent_workers: bool
+    dataset: str
+    dataset_len: int | None
+    start_method: str | None
+
+
+@dataclass(frozen=True)
+class LoaderView:
+    loaders: list[LoaderInfo]
+
+    @property
+    def main(self) -> LoaderInfo | None:
+        """The first loader iterated: in a training script, the training loader."""
+        return self.loaders[0] if self.loaders else None
+
+    @property
+    def location(self) -> Location | None:
+        return self.main.location if self.main else None
+
+
+@dataclass(frozen=True)
+class CopySite:
+    """Host<->device copies made from one line, summed over the window's steps."""
+
+    direction: str  # h2d | d2h
+    pinned: bool | None
+    non_blocking: bool
+    count: int
+    bytes: int
+    host_s: float
+    max_s: float
+    location: Location | None
+
+
+@dataclass(frozen=True)
+class SyncSite:
+    """Synchronizing calls (.item(), .cpu(), print, torch.cuda.synchronize, ...) from one line."""
+
+    kind: str
+    count: int
+    host_s: float
+    max_s: float
+    location: Location | None
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    name: str
+    target: str | None
+    daemon: bool
+    location: Location | None
+
+
+@dataclass(frozen=True)
+class ForkInfo:
+    time: float
+    cuda_initialized: bool
+    start_method: str | None
+    dataloader_worker: bool
+    location: Location | None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process of the script's tree over the run, from the parent's samples."""
+
+    pid: int
+    name: str
+    role: str  # main | child
+    cpu_mean: float  # cores
+    cpu_max: float
+    rss_max: int
+    threads_max: int
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    t: float
+    values: dict[str, float | None]
+
+
+@dataclass
+class Samples:
+    """Time series sampled by the parent. Rates are per second over each interval."""
+
+    host: list[SeriesPoint] = field(default_factory=list)  # busy_cores, tree_cores, other_cores, swap_in_bps, ...
+    gpu: dict[int, list[SeriesPoint]] = field(default_factory=dict)  # util, mem_used, ...
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpu)
+
+
+@dataclass(frozen=True)
+class Env:
+    """Where the script ran."""
+
+    cores: int | None  # cores this process may run on (affinity)
+    cpu_count: int | None
+    memory_total: int | None
+    gil_enabled: bool | None
+    start_method: str | None
+    intra_op_threads: int | None
+    python: str | None
+    torch: str | None
+    cuda_build: str | None
+    driver: str | None
+    gpus: list[dict[str, Any]]
+    cuda_device: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Exit:
+    ending: str
+    status: int | None
+    exception: str | None
+    message: str | None
+    location: Location | None

@@ -1,0 +1,172 @@
+"""The command line: `gpudoctor profile`, `gpudoctor analyze`, `gpudoctor rules`.
+
+Each command is a few calls into the library. GpudoctorError is caught once, in `main`, and printed as
+its one-sentence message with its exit status.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gpudoctor import __version__
+from gpudoctor.collect.config import WindowConfig
+from gpudoctor.diagnose import RuleSelection, diagnose, open_run, write_outputs
+from gpudoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, GpudoctorError, InputNotFoundError
+from gpudoctor.engine import SEVERITIES
+from gpudoctor.launcher import ProfileRequest, profile as run_profile
+from gpudoctor.loading import load_rules
+from gpudoctor.report.render import to_text
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    help="Find out why a PyTorch script leaves its GPU idle, and what to change.",
+)
+rules_app = typer.Typer(no_args_is_help=True, help="List and explain the rules.")
+app.add_typer(rules_app, name="rules")
+
+RulesOption = Annotated[Optional[list[str]], typer.Option("--rules", help="A rule file, directory of them, or module (repeatable).")]
+SelectOption = Annotated[Optional[list[str]], typer.Option("--select", help="Run only rules whose code starts with this (repeatable).")]
+IgnoreOption = Annotated[Optional[list[str]], typer.Option("--ignore", help="Skip rules whose code starts with this (repeatable).")]
+FailOnOption = Annotated[Optional[str], typer.Option("--fail-on", help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
+
+
+def _say(message: str) -> None:
+    print(f"gpudoctor: {message}", file=sys.stderr)
+
+
+def _check_fail_on(fail_on: str | None) -> None:
+    if fail_on is not None and fail_on not in SEVERITIES:
+        raise typer.BadParameter(f"--fail-on must be one of {', '.join(SEVERITIES)}, not {fail_on!r}.")
+
+
+def _fails(report: dict, fail_on: str | None) -> bool:
+    if fail_on is None:
+        return False
+    threshold = SEVERITIES.index(fail_on)
+    return any(SEVERITIES.index(f["severity"]) >= threshold for f in report["findings"])
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
+def profile(
+    ctx: typer.Context,
+    script: Annotated[Optional[str], typer.Argument(help="The script to run, then its own arguments.", show_default=False)] = None,
+    module: Annotated[Optional[str], typer.Option("-m", "--module", help="Run a module, as `python -m`.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default ./gpudoctor-runs/<script>-<time>).")] = None,
+    wait_steps: Annotated[int, typer.Option(help="Steps to skip before profiling.", min=0)] = WindowConfig.wait,
+    warmup_steps: Annotated[int, typer.Option(help="Profiler warm-up steps (recorded, not analysed).", min=0)] = WindowConfig.warmup,
+    active_steps: Annotated[int, typer.Option(help="Steps recorded and analysed.", min=1)] = WindowConfig.active,
+    max_steps: Annotated[Optional[int], typer.Option(help="Stop the script cleanly after this many steps.", min=1)] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Stop the script after this many seconds.", min=0.1)] = None,
+    with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
+    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None, fail_on: FailOnOption = None,
+) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
+    _check_fail_on(fail_on)
+    args = list(ctx.args)
+    if module is None and script is None:
+        raise typer.BadParameter("give a script to run, or -m MODULE.")
+    if module is not None and script is not None:
+        args.insert(0, script)
+        script = None
+    request = ProfileRequest(
+        script=script, module=module, args=args, out=out,
+        window=WindowConfig(wait_steps, warmup_steps, active_steps), max_steps=max_steps, timeout_s=timeout, with_stack=with_stack,
+    )
+    outcome = run_profile(request)
+    if outcome.message:
+        _say(outcome.message)
+    report = _diagnose_into(outcome.run_dir, outcome.run_dir, RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ())))
+    status = outcome.exit_status
+    if status == 0 and report is not None and _fails(report, fail_on):
+        status = EXIT_FINDINGS
+    raise typer.Exit(status)
+
+
+def _diagnose_into(source: Path, out_dir: Path, rules: RuleSelection) -> dict | None:
+    """Analyse and write the report; a failure here is reported but never hides the script's own status."""
+    try:
+        report = diagnose(open_run(source), rules)
+        written = write_outputs(report, out_dir)
+    except GpudoctorError as exc:
+        _say(f"the bundle was written to {out_dir}, but the report could not be made: {exc}")
+        return None
+    print(to_text(report, str(written["html"])), file=sys.stderr, end="")
+    return report
+
+
+@app.command()
+def analyze(
+    path: Annotated[Path, typer.Argument(help="A run directory, or a torch.profiler trace (.json or .json.gz).")],
+    out: Annotated[Optional[Path], typer.Option("--out", help="Where to write findings.json and report.html.")] = None,
+    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None, fail_on: FailOnOption = None,
+) -> None:
+    """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
+    _check_fail_on(fail_on)
+    if not path.exists():
+        raise InputNotFoundError(f"{path} does not exist.")
+    out_dir = out or (path if path.is_dir() else path.parent)
+    report = diagnose(open_run(path), RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ())))
+    written = write_outputs(report, out_dir)
+    print(to_text(report, str(written["html"])), file=sys.stderr, end="")
+    if _fails(report, fail_on):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@rules_app.command("list")
+def rules_list(rules: RulesOption = None) -> None:
+    """List every rule: code, name, category and where it comes from."""
+    for r in load_rules(rules or ()):
+        print(f"{r.code:<9} {r.name:<34} {r.category:<22} {r.source}")
+
+
+@rules_app.command("explain")
+def rules_explain(code: str, rules: RulesOption = None) -> None:
+    """Show a rule's documentation."""
+    found = [r for r in load_rules(rules or ()) if r.code == code.upper() or code in (r.name, *r.aliases)]
+    if not found:
+        raise InputNotFoundError(f"no rule has the code or name {code!r}; `gpudoctor rules list` shows them all.")
+    r = found[0]
+    print(f"{r.code} {r.name} ({r.category}, {r.severity})\n\n{r.doc}")
+    if r.options:
+        print("\nOptions:")
+        for name, default in r.options.items():
+            print(f"  {name} = {default!r}")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gpudoctor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")] = False) -> None:
+    pass
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except GpudoctorError as exc:
+        _say(str(exc))
+        sys.exit(exc.exit_status)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        _say("aborted.")
+        sys.exit(130)
+    except Exception as exc:  # click's usage errors, and bugs
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        _say(f"internal error: {type(exc).__name__}: {exc}. Please report it with the traceback below.")
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,71 @@
+"""Find the frame of the user's own code that led to an event, skipping torch, gpudoctor and the stdlib."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import FrameType
+from typing import Any
+
+import gpudoctor
+
+
+def _dir_of(module_name: str) -> str | None:
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    return os.path.dirname(os.path.realpath(path)) + os.sep if path else None
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    prefixes = {paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(p) + os.sep for p in prefixes if p)
+
+
+_GPUDOCTOR_DIR = os.path.dirname(os.path.realpath(gpudoctor.__file__)) + os.sep
+_LIBRARIES = _library_prefixes()
+_realpaths: dict[str, str] = {}
+
+
+def _realpath(filename: str) -> str:
+    cached = _realpaths.get(filename)
+    if cached is None:
+        cached = _realpaths[filename] = os.path.realpath(filename)
+    return cached
+
+
+def _is_internal(path: str, torch_dir: str | None) -> bool:
+    return path.startswith(_GPUDOCTOR_DIR) or (torch_dir is not None and path.startswith(torch_dir))
+
+
+def user_frame(skip: int = 1) -> FrameType | None:
+    """The innermost frame in the user's code; failing that, the innermost one outside torch and gpudoctor.
+
+    Libraries in site-packages (a Trainer, say) count as the user's only when no frame of the script's
+    own code is on the stack, so that the line shown is the one the user can change.
+    """
+    torch_dir = _dir_of("torch")
+    frame: FrameType | None = sys._getframe(skip + 1)
+    fallback = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith("<"):
+            path = _realpath(filename)
+            if not _is_internal(path, torch_dir):
+                if not path.startswith(_LIBRARIES):
+                    return frame
+                fallback = fallback or frame
+        frame = frame.f_back
+    return fallback
+
+
+def location(frame: FrameType | None) -> dict[str, Any] | None:
+    if frame is None:
+        return None
+    return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+
+
+def user_location(skip: int = 1) -> dict[str, Any] | None:
+    """{"file", "line", "function"} of the user's frame calling into the instrumented code, or None."""
+    return location(user_frame(skip + 1))

@@ -1,0 +1,44 @@
+"""What the launcher tells the script's process: where to write and which steps to profile."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """The profiling window, in steps: skip `wait`, warm up for `warmup`, record `active`."""
+
+    wait: int = 5
+    warmup: int = 2
+    active: int = 5
+
+    @property
+    def first_active(self) -> int:
+        return self.wait + self.warmup
+
+    @property
+    def end(self) -> int:
+        """The number of completed steps at which the window closes."""
+        return self.wait + self.warmup + self.active
+
+
+@dataclass(frozen=True)
+class ChildConfig:
+    run_dir: str
+    window: WindowConfig = WindowConfig()
+    max_steps: int | None = None
+    # Python call stacks in the trace: off by default, since on Python-heavy steps they multiply the
+    # trace's size and export time; gpudoctor's own hooks record the call sites its rules need.
+    with_stack: bool = False
+    gil_probe_interval_s: float = 0.005
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ChildConfig:
+        data = json.loads(text)
+        data["window"] = WindowConfig(**data["window"])
+        return cls(**data)

@@ -1,0 +1,372 @@
+"""Instrumentation installed in the script's process before the script runs.
+
+Always on, because each costs one Python call per step or less: step detection (optimizer hooks,
+DataLoader batches), data-wait timing, loader settings, thread starts and forks. Only while the profiler
+window records: phase timing (forward, backward), host<->device copy and synchronization call sites, and
+the GIL probe, since those wrap calls that a step makes many times.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from gpudoctor.collect.callsite import user_location
+from gpudoctor.collect.gilprobe import GilProbe
+from gpudoctor.collect.patches import Patches
+from gpudoctor.collect.recorder import Recorder
+
+perf_counter = time.perf_counter
+
+
+class Instrumentation:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._always = Patches()
+        self._in_window = Patches()
+        self._window_hooks: list[Any] = []
+        self._local = threading.local()  # per-thread: forward depth, re-entrancy guard
+        self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay)
+        self._loaders_seen: set[int] = set()
+        recorder.on_window_change(self._on_window_change)
+
+    # -- installation ----------------------------------------------------------------------------
+    def install(self) -> None:
+        self._patch_threads()
+        os.register_at_fork(before=self._before_fork, after_in_child=self._after_fork_in_child)
+        if "torch" in sys.modules:
+            self.on_torch_imported()
+        else:
+            sys.meta_path.insert(0, _TorchImportWatcher(self))
+
+    def on_torch_imported(self) -> None:
+        import torch
+
+        self._patch_dataloader()
+        self._hook_optimizers()
+        self.recorder.emit({
+            "kind": "torch", "version": torch.__version__, "cuda_build": torch.version.cuda,
+            "cuda_built": torch.backends.cuda.is_built(),
+        })
+
+    def uninstall(self) -> None:
+        self._on_window_change(False)
+        self._always.restore()
+
+    # -- always on -------------------------------------------------------------------------------
+    def _patch_threads(self) -> None:
+        recorder = self.recorder
+
+        def make(original: Any) -> Any:
+            def start(thread: threading.Thread) -> None:
+                if not thread.name.startswith("gpudoctor-"):
+                    target = getattr(thread, "_target", None)
+                    recorder.emit({
+                        "kind": "thread_start", "name": thread.name, "daemon": thread.daemon,
+                        "target": getattr(target, "__qualname__", type(target).__name__ if target else None),
+                        "site": user_location(),
+                    })
+                original(thread)
+
+            return start
+
+        self._always.wrap(threading.Thread, "start", make)
+
+    def _before_fork(self) -> None:
+        torch = sys.modules.get("torch")
+        cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+        self.recorder.emit({
+            "kind": "fork", "parent_pid": os.getpid(), "cuda_initialized": cuda_initialized,
+            "start_method": multiprocessing.get_start_method(allow_none=True), "site": user_location(),
+            "dataloader_worker": _in_dataloader_stack(),
+        })
+
+    def _after_fork_in_child(self) -> None:
+        self.recorder.disable_in_forked_child()
+
+    def _patch_dataloader(self) -> None:
+        from torch.utils.data import dataloader
+
+        recorder, markers, loaders_seen = self.recorder, self.recorder.markers, self._loaders_seen
+
+        def make_init(original: Any) -> Any:
+            def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+                original(loader, *args, **kwargs)
+                loader._gpudoctor_site = user_location()
+
+            return __init__
+
+        def make_iter(original: Any) -> Any:
+            def __iter__(loader: Any) -> Any:
+                if id(loader) not in loaders_seen:
+                    loaders_seen.add(id(loader))
+                    recorder.emit(_loader_event(loader))
+                return original(loader)
+
+            return __iter__
+
+        def make_next(original: Any) -> Any:
+            def __next__(iterator: Any) -> Any:
+                recorder.on_batch_requested()
+                handle = markers.begin("data_wait")
+                started = perf_counter()
+                try:
+                    batch = original(iterator)
+                finally:
+                    markers.end(handle)
+                recorder.on_batch_received(perf_counter() - started)
+                return batch
+
+            return __next__
+
+        self._always.wrap(dataloader.DataLoader, "__init__", make_init)
+        self._always.wrap(dataloader.DataLoader, "__iter__", make_iter)
+        self._always.wrap(dataloader._BaseDataLoaderIter, "__next__", make_next)
+
+    def _hook_optimizers(self) -> None:
+        from torch.optim import optimizer
+
+        recorder, markers, local = self.recorder, self.recorder.markers, self._local
+
+        def pre(opt: Any, args: Any, kwargs: Any) -> None:
+            local.optimizer = (markers.begin("optimizer"), perf_counter())
+
+        def post(opt: Any, args: Any, kwargs: Any) -> None:
+            handle, started = getattr(local, "optimizer", (None, perf_counter()))
+            markers.end(handle)
+            recorder.on_optimizer_step(opt, perf_counter() - started)
+
+        optimizer.register_optimizer_step_pre_hook(pre)
+        optimizer.register_optimizer_step_post_hook(post)
+
+    # -- only while the window records -----------------------------------------------------------
+    def _on_window_change(self, recording: bool) -> None:
+        if recording and not self._window_hooks:
+            self._install_window_hooks()
+            self._probe.start()
+            self.recorder.emit({"kind": "env_window", **_torch_runtime_facts()})
+        elif not recording and self._window_hooks:
+            self._probe.stop()
+            for handle in self._window_hooks:
+                handle.remove()
+            self._window_hooks.clear()
+            self._in_window.restore()
+
+    def _install_window_hooks(self) -> None:
+        import torch
+
+        self._window_hooks.extend(self._forward_hooks())
+        self._patch_backward()
+        self._patch_copies(torch)
+        self._patch_syncs(torch)
+
+    def _forward_hooks(self) -> list[Any]:
+        from torch.nn.modules import module
+
+        recorder, markers, local = self.recorder, self.recorder.markers, self._local
+
+        def pre(mod: Any, args: Any) -> None:
+            depth = getattr(local, "depth", 0)
+            if depth == 0:
+                local.forward = (markers.begin("forward"), perf_counter())
+            local.depth = depth + 1
+
+        def post(mod: Any, args: Any, output: Any) -> None:
+            local.depth = depth = max(0, getattr(local, "depth", 1) - 1)
+            if depth == 0:
+                handle, started = local.forward
+                markers.end(handle)
+                recorder.add_phase("forward", perf_counter() - started)
+
+        try:
+            post_handle = module.register_module_forward_hook(post, always_call=True)
+        except TypeError:  # torch before 2.0 has no always_call
+            post_handle = module.register_module_forward_hook(post)
+        return [module.register_module_forward_pre_hook(pre), post_handle]
+
+    def _patch_backward(self) -> None:
+        import torch.autograd
+
+        recorder, markers = self.recorder, self.recorder.markers
+
+        def make(original: Any) -> Any:
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                handle, started = markers.begin("backward"), perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    markers.end(handle)
+                    recorder.add_phase("backward", perf_counter() - started)
+
+            return backward
+
+        self._in_window.wrap(torch.autograd, "backward", make)
+
+    def _patch_copies(self, torch: Any) -> None:
+        recorder, local = self.recorder, self._local
+
+        def record(source: Any, result: Any, args: tuple, kwargs: dict, seconds: float) -> None:
+            if not isinstance(result, torch.Tensor) or result is source:
+                return
+            direction = _direction(source.device.type, result.device.type)
+            if direction is None:
+                return
+            host = source if direction == "h2d" else result
+            recorder.add_copy(
+                direction, bool(host.is_pinned()), _non_blocking(args, kwargs),
+                source.numel() * source.element_size(), seconds, user_location(2),
+            )
+
+        def make_to(original: Any) -> Any:
+            def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+                if getattr(local, "busy", False):
+                    return original(tensor, *args, **kwargs)
+                local.busy = True
+                try:
+                    started = perf_counter()
+                    result = original(tensor, *args, **kwargs)
+                    record(tensor, result, args, kwargs, perf_counter() - started)
+                    return result
+                finally:
+                    local.busy = False
+
+            return to
+
+        def make_copy_(original: Any) -> Any:
+            def copy_(dest: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
+                started = perf_counter()
+                result = original(dest, src, *args, **kwargs)
+                if isinstance(src, torch.Tensor) and not getattr(local, "busy", False):
+                    local.busy = True
+                    try:
+                        record(src, dest, args, kwargs, perf_counter() - started)
+                    finally:
+                        local.busy = False
+                return result
+
+            return copy_
+
+        for name in ("to", "cuda", "cpu"):
+            self._in_window.wrap(torch.Tensor, name, make_to)
+        self._in_window.wrap(torch.Tensor, "copy_", make_copy_)
+
+    def _patch_syncs(self, torch: Any) -> None:
+        recorder, local = self.recorder, self._local
+
+        def timed(kind: str, original: Any, on_cuda_tensor: bool) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if getattr(local, "busy", False) or (on_cuda_tensor and not args[0].is_cuda):
+                    return original(*args, **kwargs)
+                local.busy = True
+                try:
+                    started = perf_counter()
+                    result = original(*args, **kwargs)
+                    recorder.add_sync(kind, perf_counter() - started, user_location())
+                    return result
+                finally:
+                    local.busy = False
+
+            return wrapper
+
+        tensor_methods = {
+            "item": "item", "tolist": "tolist", "__bool__": "bool", "__float__": "float", "__int__": "int",
+            "__repr__": "print", "__format__": "print",
+        }
+        for name, kind in tensor_methods.items():
+            self._in_window.wrap(torch.Tensor, name, lambda original, kind=kind: timed(kind, original, True))
+        if torch.cuda.is_available():
+            for name in ("synchronize", "empty_cache"):
+                self._in_window.wrap(torch.cuda, name, lambda original, kind=name: timed(kind, original, False))
+
+
+class _TorchImportWatcher(importlib.abc.MetaPathFinder):
+    """Installs the torch hooks right after the script imports torch, so gpudoctor never imports it first."""
+
+    def __init__(self, instrumentation: Instrumentation) -> None:
+        self._instrumentation = instrumentation
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec, instrumentation = spec.loader.exec_module, self._instrumentation
+
+        def exec_module(module: Any) -> None:
+            original_exec(module)
+            instrumentation.on_torch_imported()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _direction(source: str, destination: str) -> str | None:
+    if source == "cpu" and destination != "cpu":
+        return "h2d"
+    if source != "cpu" and destination == "cpu":
+        return "d2h"
+    return None
+
+
+def _non_blocking(args: tuple, kwargs: dict) -> bool:
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    # In to(device, dtype, non_blocking, copy), cuda(device, non_blocking) and copy_(src, non_blocking)
+    # the first positional bool is non_blocking.
+    return next((a for a in args if isinstance(a, bool)), False)
+
+
+def _in_dataloader_stack() -> bool:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("torch", "utils", "data", "dataloader.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _loader_event(loader: Any) -> dict[str, Any]:
+    context = loader.multiprocessing_context
+    return {
+        "kind": "loader", "loader_id": id(loader), "site": getattr(loader, "_gpudoctor_site", None),
+        "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "batch_size": loader.batch_size,
+        "prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers,
+        "drop_last": loader.drop_last, "dataset": type(loader.dataset).__qualname__,
+        "dataset_len": _safe_len(loader.dataset),
+        "start_method": context.get_start_method() if context is not None else
+        multiprocessing.get_start_method(allow_none=True),
+    }
+
+
+def _safe_len(obj: Any) -> int | None:
+    try:
+        return len(obj)
+    except Exception:  # an IterableDataset has no length
+        return None
+
+
+def _torch_runtime_facts() -> dict[str, Any]:
+    import torch
+
+    facts: dict[str, Any] = {
+        "intra_op_threads": torch.get_num_threads(), "inter_op_threads": torch.get_num_interop_threads(),
+        "cuda_initialized": torch.cuda.is_initialized(),
+    }
+    if torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        facts["cuda_device"] = {
+            "index": device, "name": props.name, "total_memory": total, "free_memory": free,
+            "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
+        }
+    return facts

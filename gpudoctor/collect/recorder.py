@@ -1,0 +1,251 @@
+"""The recorder inside the script's process: counts steps, times their phases, drives the window, writes events.
+
+Steps come from the strongest source seen: explicit `gpudoctor.step()` calls, else the first optimizer's
+`step()`, else DataLoader batches. Everything a step accumulates is written as one `step` event when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpudoctor.bundle import EVENTS, JsonlWriter
+from gpudoctor.collect import window as window_states
+from gpudoctor.collect.config import ChildConfig
+from gpudoctor.collect.markers import Markers
+from gpudoctor.collect.window import ProfilerWindow
+
+SOURCE_RANK = {"dataloader": 1, "optimizer": 2, "explicit": 3}
+
+
+class MaxStepsReached(SystemExit):
+    """Raised from inside the script once --max-steps steps have run; ends it like sys.exit(0)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def _site_key(site: dict[str, Any] | None) -> tuple[str, int, str]:
+    return (site["file"], site["line"], site["function"]) if site else ("", 0, "")
+
+
+@dataclass
+class StepRecord:
+    """What one step accumulates until it ends."""
+
+    index: int
+    t0: float  # time.time() at the start, comparable with the parent's samples
+    p0: float  # perf_counter() at the start
+    window: str
+    data_wait_s: float = 0.0
+    batches: int = 0
+    phases: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
+    copies: dict[tuple, list[float]] = field(default_factory=dict)
+    syncs: dict[tuple, list[float]] = field(default_factory=dict)
+    gil_delays: list[float] = field(default_factory=list)
+
+    def to_event(self, t1: float, p1: float, source: str, cuda_memory: dict[str, int] | None) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "kind": "step", "step": self.index, "t0": self.t0, "t1": t1, "wall_s": p1 - self.p0,
+            "data_wait_s": self.data_wait_s, "batches": self.batches, "source": source, "window": self.window,
+        }
+        if self.window in (window_states.WARMUP, window_states.ACTIVE):
+            event["phases"] = self.phases
+            event["copies"] = [_copy_row(k, v) for k, v in self.copies.items()]
+            event["syncs"] = [_sync_row(k, v) for k, v in self.syncs.items()]
+            event["gil"] = _gil_summary(self.gil_delays)
+            if cuda_memory:
+                event["cuda_memory"] = cuda_memory
+        return event
+
+
+def _copy_row(key: tuple, totals: list[float]) -> dict[str, Any]:
+    direction, pinned, non_blocking, file, line, function = key
+    count, nbytes, seconds, longest = totals
+    return {
+        "direction": direction, "pinned": pinned, "non_blocking": non_blocking, "count": int(count),
+        "bytes": int(nbytes), "host_s": seconds, "max_s": longest,
+        "site": {"file": file, "line": line, "function": function} if file else None,
+    }
+
+
+def _sync_row(key: tuple, totals: list[float]) -> dict[str, Any]:
+    kind, file, line, function = key
+    count, seconds, longest = totals
+    return {
+        "kind": kind, "count": int(count), "host_s": seconds, "max_s": longest,
+        "site": {"file": file, "line": line, "function": function} if file else None,
+    }
+
+
+def _gil_summary(delays: list[float]) -> dict[str, float] | None:
+    if not delays:
+        return None
+    ordered = sorted(delays)
+    return {
+        "samples": len(ordered), "mean_s": sum(ordered) / len(ordered),
+        "p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], "max_s": ordered[-1],
+    }
+
+
+class Recorder:
+    def __init__(self, config: ChildConfig) -> None:
+        run_dir = Path(config.run_dir)
+        self.config = config
+        self.events = JsonlWriter(run_dir / EVENTS)
+        self.markers = Markers()
+        self.window = ProfilerWindow(config.window, run_dir, self.emit, config.with_stack)
+        self.source: str | None = None
+        self.completed = 0
+        self._optimizer_id: int | None = None
+        self._lock = threading.Lock()
+        self._disabled = False
+        self._window_listeners: list[Callable[[bool], None]] = []
+        self.current = self._new_step()
+        self._stopping = False
+
+    # -- events ----------------------------------------------------------------------------------
+    def emit(self, event: dict[str, Any]) -> None:
+        if not self._disabled:
+            event.setdefault("t", time.time())
+            self.events.write(event)
+
+    def disable_in_forked_child(self) -> None:
+        """A forked child inherits the recorder; it must not write into the parent's bundle."""
+        self._disabled = True
+
+    def on_window_change(self, listener: Callable[[bool], None]) -> None:
+        """Call `listener(recording)` whenever the profiler starts or stops recording."""
+        self._window_listeners.append(listener)
+
+    # -- step sources ----------------------------------------------------------------------------
+    def _claims(self, source: str) -> bool:
+        """Whether a boundary signalled by `source` ends a step: the strongest source seen wins."""
+        if self.source is None or SOURCE_RANK[source] > SOURCE_RANK[self.source]:
+            self.source = source
+            self.emit({"kind": "step_source", "source": source, "at_step": self.completed})
+        return source == self.source
+
+    def on_batch_requested(self) -> None:
+        """A DataLoader is asked for its next batch; in DataLoader mode that starts a new step."""
+        if self._claims("dataloader") and self.current.batches > 0:
+            self.end_step()
+
+    def on_batch_received(self, wait_s: float) -> None:
+        with self._lock:
+            self.current.data_wait_s += wait_s
+            self.current.batches += 1
+
+    def on_optimizer_step(self, optimizer: object, seconds: float) -> None:
+        if self._optimizer_id is None:
+            self._optimizer_id = id(optimizer)
+        with self._lock:
+            self.current.phases["optimizer"] += seconds
+        # With several optimizers (a GAN, say), the first one's step marks the boundary.
+        if id(optimizer) == self._optimizer_id and self._claims("optimizer"):
+            self.end_step()
+
+    def on_explicit_step(self) -> None:
+        if self._claims("explicit"):
+            self.end_step()
+
+    # -- measurements inside a step --------------------------------------------------------------
+    def add_phase(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.current.phases[phase] += seconds
+
+    def add_copy(self, direction: str, pinned: bool | None, non_blocking: bool, nbytes: int, seconds: float,
+                 site: dict[str, Any] | None) -> None:
+        key = (direction, pinned, non_blocking, *_site_key(site))
+        with self._lock:
+            totals = self.current.copies.setdefault(key, [0, 0, 0.0, 0.0])
+            totals[0] += 1
+            totals[1] += nbytes
+            totals[2] += seconds
+            totals[3] = max(totals[3], seconds)
+
+    def add_sync(self, kind: str, seconds: float, site: dict[str, Any] | None) -> None:
+        key = (kind, *_site_key(site))
+        with self._lock:
+            totals = self.current.syncs.setdefault(key, [0, 0.0, 0.0])
+            totals[0] += 1
+            totals[1] += seconds
+            totals[2] = max(totals[2], seconds)
+
+    def add_gil_delay(self, seconds: float) -> None:
+        self.current.gil_delays.append(seconds)
+
+    # -- step boundaries -------------------------------------------------------------------------
+    def _new_step(self) -> StepRecord:
+        return StepRecord(self.completed, time.time(), time.perf_counter(), self.window.state_for_step(self.completed))
+
+    def end_step(self) -> None:
+        if self._disabled or self._stopping:
+            return
+        with self._lock:
+            finished = self.current
+            self.completed += 1
+            # The next step exists at once: the GIL probe thread may record into it at any moment.
+            self.current = StepRecord(self.completed, time.time(), time.perf_counter(), finished.window)
+        recording_before = self.window.recording
+        in_window = finished.window in (window_states.WARMUP, window_states.ACTIVE)
+        memory = _cuda_memory() if in_window else None
+        self.emit(finished.to_event(time.time(), time.perf_counter(), self.source or "none", memory))
+        self.window.on_step_completed(self.completed)
+        self.current.window = self.window.state_for_step(self.completed)
+        if self.window.recording != recording_before:
+            self._notify_window()
+        if self.config.max_steps is not None and self.completed >= self.config.max_steps:
+            self._stopping = True
+            self.emit({"kind": "max_steps", "steps": self.completed})
+            self.close_window()
+            raise MaxStepsReached()
+
+    def close_window(self) -> None:
+        was_recording = self.window.recording
+        self.window.close()
+        if was_recording:
+            self._notify_window()
+
+    def _notify_window(self) -> None:
+        recording = self.window.recording
+        self.markers.annotate = recording
+        for listener in self._window_listeners:
+            listener(recording)
+
+    def finish(self, reason: str, **details: Any) -> None:
+        """The script is ending: close the window (writing its trace) and say how the run ended."""
+        if self._disabled:
+            return
+        self.close_window()
+        self.emit({"kind": "end", "reason": reason, "steps": self.completed, "pid": os.getpid(), **details})
+        self.events.close()
+
+
+def _cuda_memory() -> dict[str, int] | None:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return {
+        "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+        "max_allocated": torch.cuda.max_memory_allocated(),
+    }
+
+
+_active: Recorder | None = None
+
+
+def active() -> Recorder | None:
+    return _active
+
+
+def set_active(recorder: Recorder | None) -> None:
+    global _active
+    _active = recorder

@@ -1,0 +1,287 @@
+"""`gpudoctor profile`: start the script in a child process, sample it from here, and write the bundle.
+
+The parent outlives a child that crashes, is killed or hangs, so the bundle and report are written
+whatever happens to the script.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpudoctor import __version__
+from gpudoctor.bundle import EVENTS, MANIFEST, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, write_json_atomic
+from gpudoctor.collect.config import ChildConfig, WindowConfig
+from gpudoctor.collect.samplers import Samplers
+from gpudoctor.collect.stub import child_command
+from gpudoctor.errors import EXIT_TIMEOUT, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
+
+STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
+
+
+@dataclass
+class ProfileRequest:
+    script: str | None
+    module: str | None
+    args: list[str]
+    out: Path | None = None
+    window: WindowConfig = field(default_factory=WindowConfig)
+    max_steps: int | None = None
+    timeout_s: float | None = None
+    sample_interval_s: float = 0.1
+    with_stack: bool = False
+
+    @property
+    def target_name(self) -> str:
+        return self.module or Path(self.script or "script").stem
+
+
+@dataclass
+class ProfileOutcome:
+    run_dir: Path
+    exit_status: int
+    ending: str  # completed | exit | exception | signal | timeout | interrupted | max_steps | no_start
+    message: str | None  # one sentence for the user when the script did not simply complete
+
+
+def check_script(script: str) -> None:
+    path = Path(script)
+    if not path.exists():
+        raise ScriptNotFoundError(f"{script} does not exist.")
+    if path.is_dir():
+        raise ScriptNotFoundError(f"{script} is a directory, not a Python script.")
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ScriptNotFoundError(f"{script} cannot be read: {exc.strerror}.") from None
+    try:
+        compile(source, script, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise ScriptNotPythonError(f"{script} is not valid Python: {exc.msg} (line {exc.lineno}).") from None
+    except ValueError as exc:  # e.g. null bytes: a binary file
+        raise ScriptNotPythonError(f"{script} is not a Python script: {exc}.") from None
+
+
+def make_run_dir(request: ProfileRequest) -> Path:
+    if request.out is not None:
+        run_dir = request.out
+    else:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}"
+        suffix = 1
+        while run_dir.exists():
+            suffix += 1
+            run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}-{suffix}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputNotWritableError(
+            f"gpudoctor cannot write to {run_dir} ({exc.strerror}); choose another directory with --out."
+        ) from None
+    return run_dir.resolve()
+
+
+def _base_manifest(request: ProfileRequest, run_dir: Path, samplers: Samplers) -> dict[str, Any]:
+    memory = _total_memory()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "gpudoctor_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "status": "running",
+        "target": {"script": request.script, "module": request.module, "args": request.args},
+        "cwd": os.getcwd(),
+        "python": platform.python_version(),
+        "host": {
+            "hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "memory_total": memory,
+        },
+        "gpus": samplers.gpus,
+        "driver": samplers.driver,
+        "window": {"wait": request.window.wait, "warmup": request.window.warmup, "active": request.window.active},
+        "max_steps": request.max_steps,
+        "with_stack": request.with_stack,
+        "timeout_s": request.timeout_s,
+        "collectors": samplers.collectors,
+        "files": [],
+    }
+
+
+def _total_memory() -> int | None:
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+class _Supervisor:
+    """Waits for the child, enforcing --timeout and passing Ctrl-C on, and says how it ended."""
+
+    def __init__(self, child: subprocess.Popen, timeout_s: float | None) -> None:
+        self.child = child
+        self.timeout_s = timeout_s
+        self.timed_out = False
+        self.interrupted = 0
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        # The terminal already sent SIGINT to the script too (same process group); a second Ctrl-C kills it.
+        self.interrupted += 1
+        if self.interrupted == 1 and not _terminal_sent_to_group():
+            self.child.send_signal(signal.SIGINT)
+        elif self.interrupted > 1:
+            self.child.kill()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.child.send_signal(signal.SIGTERM)
+
+    def wait(self) -> int:
+        previous = signal.signal(signal.SIGINT, self._on_sigint), signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+            while True:
+                try:
+                    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    return self.child.wait(timeout=remaining)
+                except subprocess.TimeoutExpired:
+                    self.timed_out = True
+                    return self._stop_child()
+        finally:
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])
+
+    def _stop_child(self) -> int:
+        """Ask nicely (SIGINT, so the window's trace is written), then insist."""
+        for sig, grace in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 3.0)):
+            self.child.send_signal(sig)
+            try:
+                return self.child.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                continue
+        self.child.kill()
+        return self.child.wait()
+
+
+def _terminal_sent_to_group() -> bool:
+    """Whether a SIGINT came from the terminal's Ctrl-C, which the script's process received as well."""
+    for stream in (sys.stdin, sys.stderr):
+        try:
+            if stream is not None and stream.isatty():
+                return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def exit_status_of(returncode: int) -> int:
+    """A child killed by signal N reports -N; a shell, and gpudoctor, report 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _child_end(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The script process's `end` event (None if it died without one) and the facts it reported."""
+    end, facts = None, {}
+    path = run_dir / EVENTS
+    if not path.is_file():
+        return None, facts
+    for event in read_jsonl(path):
+        kind = event.get("kind")
+        if kind == "end":
+            end = event
+        elif kind in ("process", "torch", "env_window"):
+            facts[kind] = {k: v for k, v in event.items() if k not in ("kind", "t")}
+        elif kind == "collector":
+            facts.setdefault("collectors", {})[event["name"]] = {"ok": event["ok"], "reason": event["reason"]}
+        elif kind == "window":
+            facts.setdefault("window_events", []).append(event)
+    return end, facts
+
+
+def describe_ending(request: ProfileRequest, returncode: int, end: dict[str, Any] | None,
+                    supervisor: _Supervisor) -> tuple[str, int, str | None]:
+    name = request.module or request.script
+    status = exit_status_of(returncode)
+    if supervisor.timed_out:
+        return "timeout", EXIT_TIMEOUT, f"{name} was still running after --timeout {request.timeout_s:g} s, so gpudoctor stopped it."
+    if end is not None and end.get("reason") == "max_steps":
+        return "max_steps", 0, f"gpudoctor stopped {name} after --max-steps {request.max_steps}, as asked."
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        if sig == signal.SIGINT:
+            return "interrupted", status, f"{name} was interrupted (Ctrl-C)."
+        return "signal", status, f"{name} was killed by {sig.name} (exit status {status})."
+    if end is not None and end.get("reason") == "exception":
+        return "exception", status, f"{name} raised {end.get('exception')}: {end.get('message', '')[:200]}"
+    if status != 0:
+        return "exit", status, f"{name} exited with status {status}."
+    return "completed", 0, None
+
+
+def profile(request: ProfileRequest) -> ProfileOutcome:
+    if request.script is not None:
+        check_script(request.script)
+    run_dir = make_run_dir(request)
+    samplers = Samplers(run_dir, request.sample_interval_s)
+    manifest = _base_manifest(request, run_dir, samplers)
+    write_json_atomic(run_dir / MANIFEST, manifest)
+    config = ChildConfig(run_dir=str(run_dir), window=request.window, max_steps=request.max_steps,
+                         with_stack=request.with_stack)
+    started = time.time()
+    child = subprocess.Popen(child_command(config, request.script, request.module, request.args))
+    samplers.start(child.pid)
+    supervisor = _Supervisor(child, request.timeout_s)
+    try:
+        returncode = supervisor.wait()
+    finally:
+        samplers.stop()
+    end, facts = _child_end(run_dir)
+    ending, status, message = describe_ending(request, returncode, end, supervisor)
+    manifest.update(_final_fields(run_dir, manifest, facts, end, ending, status, returncode, started))
+    write_json_atomic(run_dir / MANIFEST, manifest)
+    return ProfileOutcome(run_dir, status, ending, message)
+
+
+def _final_fields(run_dir: Path, manifest: dict[str, Any], facts: dict[str, Any], end: dict[str, Any] | None,
+                  ending: str, status: int, returncode: int, started: float) -> dict[str, Any]:
+    collectors = dict(manifest["collectors"])
+    collectors.update(facts.pop("collectors", {}))
+    collectors.setdefault("profiler", _profiler_status(run_dir, end, facts))
+    files = [name for name in (EVENTS, TRACE) if (run_dir / name).is_file()]
+    files += [f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values() if (run_dir / SAMPLES_DIR / f).is_file()]
+    return {
+        "status": "finished",
+        "duration_s": time.time() - started,
+        "exit": {
+            "ending": ending, "status": status, "returncode": returncode,
+            "signal": signal.Signals(-returncode).name if returncode < 0 else None,
+            "steps": end.get("steps") if end else None,
+            "exception": {k: end[k] for k in ("exception", "message", "where") if k in end} if end else None,
+        },
+        "child": {k: v for k, v in facts.items() if k != "window_events"},
+        "collectors": collectors,
+        "files": files,
+    }
+
+
+def _profiler_status(run_dir: Path, end: dict[str, Any] | None, facts: dict[str, Any]) -> dict[str, Any]:
+    if (run_dir / TRACE).is_file():
+        return {"ok": True}
+    opened = any(e.get("state") == "opened" for e in facts.get("window_events", []))
+    if opened:
+        return {"ok": False, "reason": "the script ended before the profiling window recorded a step"}
+    if end is None:
+        return {"ok": False, "reason": "the script's process ended without reporting (killed or crashed) before the window closed"}
+    steps = end.get("steps", 0)
+    if steps == 0:
+        return {"ok": False, "reason": "no training step was detected (no optimizer.step(), DataLoader batch or gpudoctor.step())"}
+    return {"ok": False, "reason": f"the script ran {steps} steps, fewer than the window's wait"}

@@ -1,0 +1,104 @@
+"""Finding rules: the built-in pack, installed packages (entry points `gpudoctor.rules`), files and modules."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterable
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+
+from gpudoctor.engine import Rule
+from gpudoctor.errors import RuleLoadError
+from gpudoctor.paths import builtin_rules_dir
+
+ENTRY_POINT_GROUP = "gpudoctor.rules"
+BUILTIN_PREFIX = "GD"
+
+
+def _import_file(path: Path, namespace: str) -> ModuleType:
+    name = f"{namespace}.{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise RuleLoadError(f"{path}: cannot be imported as a Python module.")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except RuleLoadError:
+        raise
+    except Exception as exc:
+        del sys.modules[name]
+        raise RuleLoadError(f"{path}: failed to import: {type(exc).__name__}: {exc}. Fix the file or leave it out of --rules.") from None
+    return module
+
+
+def rules_in(module: ModuleType) -> list[Rule]:
+    return [value for value in vars(module).values() if isinstance(value, Rule)]
+
+
+def _python_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.py") if not p.name.startswith(("_", "test_")))
+
+
+def builtin_rules() -> list[Rule]:
+    return [r for path in _python_files(builtin_rules_dir()) for r in rules_in(_import_file(path, "gpudoctor_builtin_rules"))]
+
+
+def _rules_from_spec(spec: str) -> tuple[list[Rule], str]:
+    """`spec` is a .py file, a directory of them, or an importable module name."""
+    path = Path(spec)
+    if path.is_dir():
+        found = [r for p in _python_files(path) for r in rules_in(_import_file(p, "gpudoctor_user_rules"))]
+        return found, f"file:{path}"
+    if path.suffix == ".py" or path.exists():
+        if not path.is_file():
+            raise RuleLoadError(f"{spec}: no such rule file or directory.")
+        return rules_in(_import_file(path, "gpudoctor_user_rules")), f"file:{path}"
+    try:
+        module = importlib.import_module(spec)
+    except ImportError as exc:
+        raise RuleLoadError(f"{spec}: not a file, directory or importable module ({exc}).") from None
+    return rules_in(module), f"module:{spec}"
+
+
+def _package_rules() -> list[Rule]:
+    found = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = ep.load()
+        except Exception as exc:
+            raise RuleLoadError(f"entry point {ep.name} ({ep.value}) in group {ENTRY_POINT_GROUP} failed to load: {exc}.") from None
+        items = rules_in(loaded) if isinstance(loaded, ModuleType) else loaded if isinstance(loaded, list) else [loaded]
+        found += [r.with_source(f"package:{ep.value}") for r in items if isinstance(r, Rule)]
+    return found
+
+
+def load_rules(specs: Iterable[str] = (), *, builtins: bool = True, packages: bool = True) -> list[Rule]:
+    """All rules, checked: custom rules may not use the GD prefix, and no two rules share a code."""
+    rules = builtin_rules() if builtins else []
+    custom = _package_rules() if packages else []
+    for spec in specs:
+        found, source = _rules_from_spec(spec)
+        if not found:
+            raise RuleLoadError(f"{spec}: defines no rules; decorate a function with @gpudoctor.rule(...).")
+        custom += [r.with_source(source) for r in found]
+    for r in custom:
+        if r.code.startswith(BUILTIN_PREFIX):
+            raise RuleLoadError(f"{r.source}: rule {r.code} ({r.name}) uses the prefix GD, which is reserved for "
+                                "gpudoctor's built-in rules; give your team's rules their own prefix, e.g. ACME101.")
+    seen: dict[str, Rule] = {}
+    for r in rules + custom:
+        if r.code in seen:
+            raise RuleLoadError(f"{r.source}: rule code {r.code} ({r.name}) is already used by {seen[r.code].name} "
+                                f"from {seen[r.code].source}; give one of them another code.")
+        seen[r.code] = r
+    return rules + custom
+
+
+def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Rule]:
+    """Keep rules whose code starts with a selected prefix and with no ignored one (as linters do)."""
+    select, ignore = tuple(select), tuple(ignore)
+    return [r for r in rules if (not select or r.code.startswith(select)) and not r.code.startswith(ignore)]

@@ -1,0 +1,21 @@
+"""Where the shipped rule pack and templates are, in a source checkout and in an installed wheel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _shipped(name: str) -> Path:
+    # In a wheel they are copied into the package; in a checkout they sit beside it.
+    inside = _PACKAGE / name
+    return inside if inside.is_dir() else _PACKAGE.parent / name
+
+
+def builtin_rules_dir() -> Path:
+    return _shipped("rules")
+
+
+def templates_dir() -> Path:
+    return _shipped("templates")

@@ -1,0 +1,78 @@
+"""Renderers: a Report in, text out. They format; they compute nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jinja2
+
+from gpudoctor.paths import templates_dir
+
+FINDINGS_KEYS = ("schema_version", "gpudoctor_version", "run", "summary", "findings", "not_evaluated", "errors")
+
+
+def to_json(report: dict[str, Any]) -> str:
+    """findings.json: the contract other tools read."""
+    return json.dumps({k: report[k] for k in FINDINGS_KEYS}, indent=2, default=str) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} µs"
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "j2"), default_for_string=True),
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["seconds"] = _seconds
+    env.filters["percent"] = _percent
+    return env
+
+
+def to_html(report: dict[str, Any]) -> str:
+    return _environment().get_template("report.html.j2").render(report=report)
+
+
+def _location(finding: dict[str, Any]) -> str:
+    loc = finding.get("location")
+    return f" at {loc['file']}:{loc['line']}" if loc else ""
+
+
+def to_text(report: dict[str, Any], report_path: str | None = None, limit: int = 5) -> str:
+    """The one-screen terminal summary."""
+    run = report["run"]
+    lines = [f"gpudoctor: {report['summary']['verdict']}"]
+    facts = [f"{run['steps_analysed']} steps analysed"]
+    if run.get("median_step_s") is not None:
+        facts.append(f"median step {_seconds(run['median_step_s'])}")
+    if run.get("gpus"):
+        facts.append(", ".join(run["gpus"]))
+    lines.append("  " + "; ".join(facts))
+    for finding in report["findings"][:limit]:
+        impact = f" (~{finding['impact']:.0%} of step time)" if finding.get("impact") else ""
+        lines.append(f"  [{finding['severity']}] {finding['code']} {finding['title']}{impact}{_location(finding)}")
+        if finding.get("fix"):
+            lines.append(f"      fix: {finding['fix']}")
+    hidden = len(report["findings"]) - limit
+    if hidden > 0:
+        lines.append(f"  ... and {hidden} more in the report")
+    for row in report["not_measured"]:
+        lines.append(f"  not measured: {row['what']}: {row['reason']}")
+    for error in report["errors"]:
+        lines.append(f"  rule {error['code']} failed: {error['error']}")
+    if report_path:
+        lines.append(f"  report: {report_path}")
+    return "\n".join(lines) + "\n"
