@@ -150,7 +150,8 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode click returns a typer.Exit's code instead of exiting with it.
+        status = app(standalone_mode=False)
     except GpudoctorError as exc:
         _say(str(exc))
         sys.exit(exc.exit_status)
@@ -170,3 +171,4 @@ def main() -> None:
 
         traceback.print_exc()
         sys.exit(EXIT_INTERNAL)
+    sys.exit(status if isinstance(status, int) else 0)

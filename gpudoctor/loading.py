@@ -44,7 +44,8 @@ def _python_files(directory: Path) -> list[Path]:
 
 
 def builtin_rules() -> list[Rule]:
-    return [r for path in _python_files(builtin_rules_dir()) for r in rules_in(_import_file(path, "gpudoctor_builtin_rules"))]
+    found = [r for path in _python_files(builtin_rules_dir()) for r in rules_in(_import_file(path, "gpudoctor_builtin_rules"))]
+    return sorted(found, key=lambda r: r.code)
 
 
 def _rules_from_spec(spec: str) -> tuple[list[Rule], str]:

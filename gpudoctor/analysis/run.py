@@ -10,7 +10,7 @@ from typing import Any
 
 from gpudoctor import bundle as bundle_io
 from gpudoctor.analysis.gpu import GpuView
-from gpudoctor.analysis.trace import TraceData, parse_trace
+from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
     CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
     Step, SyncSite, ThreadInfo,
@@ -93,10 +93,24 @@ class Run:
         """Wall time of the analysed steps."""
         return sum(s.wall_s for s in self.steps)
 
+    @property
+    def span(self) -> tuple[float, float] | None:
+        """From the first analysed step's start to the last one's end (seconds since the epoch)."""
+        if not self.steps:
+            return None
+        return self.steps[0].start, self.steps[-1].end
+
+    def require_steps(self) -> list[Step]:
+        if not self.steps:
+            raise NotEvaluated("no training step was detected in this run")
+        return self.steps
+
     def _step_from_event(self, event: dict[str, Any]) -> Step:
         start, wall = float(event["t0"]), float(event["wall_s"])
+        trace_range = self._trace_step_range(int(event["step"]) - self._window_first_step)
+        if trace_range is not None:  # the trace's clock, so that GPU activity lines up exactly
+            start, wall = trace_range[0], trace_range[1] - trace_range[0]
         phases = event.get("phases")
-        gpu = self._gpu_fields(int(event["step"]) - self._window_first_step, start, start + wall)
         return Step(
             index=int(event["step"]), start=start, wall_s=wall, data_wait_s=float(event.get("data_wait_s", 0.0)),
             window=event.get("window", "waiting"),
@@ -105,16 +119,16 @@ class Run:
             copy_s=sum(c["host_s"] for c in event["copies"]) if "copies" in event else None,
             sync_s=sum(s["host_s"] for s in event["syncs"]) if "syncs" in event else None,
             gil=GilStats(**event["gil"]) if event.get("gil") else None,
-            cuda_memory=event.get("cuda_memory"), **gpu,
+            cuda_memory=event.get("cuda_memory"), **self._gpu_fields(start, start + wall, trace_range is not None),
         )
 
-    def _gpu_fields(self, trace_step: int, start: float, end: float) -> dict[str, Any]:
-        trace = self.trace
-        if trace is None or not trace.has_gpu or self.gpu is None:
-            return {}
-        if trace_step in trace.steps:
-            start, end = trace.steps[trace_step]
-        elif not trace.steps or not (trace.gpu_ops[0].start <= end and start <= trace.gpu_ops[-1].end):
+    def _trace_step_range(self, trace_step: int) -> tuple[float, float] | None:
+        if self.trace is None or trace_step < 0:
+            return None
+        return self.trace.steps.get(trace_step)
+
+    def _gpu_fields(self, start: float, end: float, in_trace: bool) -> dict[str, Any]:
+        if self.gpu is None or not in_trace:
             return {}
         busy = self.gpu.busy_s(start, end)
         return {
@@ -131,7 +145,7 @@ class Run:
         for index, (start, end) in sorted(trace.steps.items()):
             wait = sum(a.dur for a in waits if start <= a.start < end)
             steps.append(Step(index=index, start=start, wall_s=end - start, data_wait_s=wait, window="active",
-                              **self._gpu_fields(index, start, end)))
+                              **self._gpu_fields(start, end, True)))
         return steps
 
     # -- GPU -------------------------------------------------------------------------------------
@@ -151,6 +165,23 @@ class Run:
         if self.gpu is None:
             raise NotEvaluated(self._why_no_gpu())
         return self.gpu
+
+    @cached_property
+    def sync_stall_s(self) -> float | None:
+        """GPU idle time, over the analysed steps, that overlaps a synchronizing CUDA call on the host.
+
+        While the host is blocked in a sync the GPU drains its queue, then idles until the host launches
+        again: those gaps are what the syncs cost. None when the trace has no GPU activity.
+        """
+        if self.gpu is None or self.trace is None or not self.steps:
+            return None
+        syncs = [r for r in self.trace.runtime if r.name in SYNC_CALLS or r.name == "cudaMemcpy"]
+        stalled = 0.0
+        for step in self.steps:
+            for start, end in self.gpu.idle_gaps(step.start, step.end):
+                if any(sync.start < end and sync.end > start for sync in syncs):
+                    stalled += end - start
+        return stalled
 
     def _why_no_gpu(self) -> str:
         if self.trace is None:
@@ -207,8 +238,13 @@ class Run:
     # -- threads, processes, forks ---------------------------------------------------------------
     @cached_property
     def threads(self) -> list[ThreadInfo]:
-        return [ThreadInfo(e.get("name", ""), e.get("target"), bool(e.get("daemon")), Location.from_dict(e.get("site")))
+        return [ThreadInfo(e.get("name", ""), e.get("target"), e.get("module"), bool(e.get("daemon")),
+                           Location.from_dict(e.get("site")))
                 for e in self.events("thread_start")]
+
+    @property
+    def user_threads(self) -> list[ThreadInfo]:
+        return [t for t in self.threads if not t.is_library]
 
     @cached_property
     def forks(self) -> list[ForkInfo]:
@@ -218,12 +254,36 @@ class Run:
 
     @cached_property
     def processes(self) -> list[ProcessInfo]:
-        return _process_infos(self._proc_samples)
+        """The script's process tree over the analysed steps (over the whole run if no step was seen)."""
+        return _process_infos(_within(self._proc_samples, self.span, margin=0.5))
+
+    def require_processes(self) -> list[ProcessInfo]:
+        if not self.processes:
+            raise NotEvaluated("no process samples in this run" if not self.trace_only else
+                               "only a trace was analysed: process samples come with a run bundle")
+        return self.processes
 
     # -- samples and environment -----------------------------------------------------------------
     @cached_property
     def samples(self) -> Samples:
+        """Host and GPU series over the whole run."""
         return Samples(host=_host_series(self._host_samples, self._proc_samples), gpu=_gpu_series(self._gpu_samples))
+
+    @cached_property
+    def step_samples(self) -> Samples:
+        """Host and GPU series over the analysed steps only."""
+        span = self.span
+        if span is None:
+            return self.samples
+        lo, hi = span[0] - 0.5, span[1] + 0.5
+        keep = lambda points: [p for p in points if lo <= p.t <= hi]  # noqa: E731
+        return Samples(host=keep(self.samples.host), gpu={d: keep(ps) for d, ps in self.samples.gpu.items()})
+
+    def require_host_samples(self) -> Samples:
+        if not self.step_samples.host:
+            raise NotEvaluated("no host samples in this run" if not self.trace_only else
+                               "only a trace was analysed: host samples come with a run bundle")
+        return self.step_samples
 
     @cached_property
     def env(self) -> Env:
@@ -246,6 +306,13 @@ class Run:
         exception = info.get("exception") or {}
         return Exit(info.get("ending", "unknown"), info.get("status"), exception.get("exception"),
                     exception.get("message"), Location.from_dict(exception.get("where")))
+
+
+def _within(samples: list[dict[str, Any]], span: tuple[float, float] | None, margin: float) -> list[dict[str, Any]]:
+    if span is None:
+        return samples
+    inside = [s for s in samples if span[0] - margin <= s["t"] <= span[1] + margin]
+    return inside if len(inside) >= 2 else samples
 
 
 def _rate(prev: dict[str, Any], cur: dict[str, Any], key: str, dt: float) -> float | None:
@@ -299,9 +366,20 @@ def _process_infos(samples: list[dict[str, Any]]) -> list[ProcessInfo]:
     infos = []
     for pid, rows in history.items():
         rates = [(b[1]["cpu_s"] - a[1]["cpu_s"]) / (b[0] - a[0]) for a, b in zip(rows, rows[1:]) if b[0] > a[0]]
+        first, last = rows[0], rows[-1]
+        elapsed = last[0] - first[0]
         infos.append(ProcessInfo(
-            pid=pid, name=rows[-1][1].get("name", ""), role="main" if pid == root else "child",
+            pid=pid, ppid=last[1].get("ppid"), name=last[1].get("name", ""), role="main" if pid == root else "child",
             cpu_mean=sum(rates) / len(rates) if rates else 0.0, cpu_max=max(rates, default=0.0),
             rss_max=max(r[1].get("rss", 0) for r in rows), threads_max=max(r[1].get("threads", 0) for r in rows),
+            thread_cores=_thread_cores(first[1], last[1], elapsed),
+            ctx_invol_per_s=_rate(first[1], last[1], "ctx_invol", elapsed),
         ))
     return infos
+
+
+def _thread_cores(first: dict[str, Any], last: dict[str, Any], elapsed: float) -> dict[str, float]:
+    if elapsed <= 0:
+        return {}
+    before = first.get("thread_cpu", {})
+    return {tid: max(0.0, cpu - before.get(tid, 0.0)) / elapsed for tid, cpu in last.get("thread_cpu", {}).items()}

@@ -128,8 +128,14 @@ class SyncSite:
 class ThreadInfo:
     name: str
     target: str | None
+    module: str | None  # the module of the thread's target function
     daemon: bool
     location: Location | None
+
+    @property
+    def is_library(self) -> bool:
+        """A thread that torch or the stdlib starts for itself (the DataLoader's pin-memory thread, ...)."""
+        return bool(self.module) and self.module.split(".")[0] in ("torch", "gpudoctor", "multiprocessing")
 
 
 @dataclass(frozen=True)
@@ -146,12 +152,20 @@ class ProcessInfo:
     """One process of the script's tree over the run, from the parent's samples."""
 
     pid: int
+    ppid: int | None
     name: str
     role: str  # main | child
     cpu_mean: float  # cores
     cpu_max: float
     rss_max: int
     threads_max: int
+    thread_cores: dict[str, float]  # mean cores used by each thread, by thread id
+    ctx_invol_per_s: float | None  # involuntary context switches: the OS took the CPU away
+
+    @property
+    def busy_threads(self) -> int:
+        """Threads using at least a fifth of a core."""
+        return sum(1 for cores in self.thread_cores.values() if cores >= 0.2)
 
 
 @dataclass(frozen=True)

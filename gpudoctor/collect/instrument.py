@@ -69,6 +69,7 @@ class Instrumentation:
                     recorder.emit({
                         "kind": "thread_start", "name": thread.name, "daemon": thread.daemon,
                         "target": getattr(target, "__qualname__", type(target).__name__ if target else None),
+                        "module": getattr(target, "__module__", None),
                         "site": user_location(),
                     })
                 original(thread)

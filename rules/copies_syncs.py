@@ -1,0 +1,153 @@
+"""GD2xx: host<->device copies and synchronizations that block the host."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+
+from gpudoctor import Finding, Run, rule
+from gpudoctor.analysis.views import CopySite, SyncSite
+
+MB = 1024 * 1024
+
+
+def _per_step(run: Run) -> tuple[int, float]:
+    steps = run.require_steps()
+    return len(steps), statistics.fmean(s.wall_s for s in steps)
+
+
+def _copy_evidence(site: CopySite, steps: int) -> dict[str, object]:
+    return {
+        "copies per step": round(site.count / steps, 1), "MB per step": (round(site.bytes / steps / MB, 2), "MB"),
+        "host blocked per step": (round(site.host_s / steps * 1e3, 2), "ms"),
+        "source pinned": site.pinned, "non_blocking": site.non_blocking,
+    }
+
+
+@rule("GD201", "pageable-host-to-device-copy", category="blocking_copy")
+def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[Finding]:
+    """Host-to-device copies from pageable (unpinned) memory block the training loop.
+
+    What it detects: `.to("cuda")` / `.cuda()` / `copy_` of a CPU tensor that is not pinned, from one
+    line, taking at least `min_share` of the step's host time.
+
+    Why it matters: CUDA cannot copy pageable memory asynchronously: the driver stages it through a
+    pinned buffer while the host waits, and the copy cannot overlap compute.
+
+    Fix: pin the source (`DataLoader(..., pin_memory=True)` or `tensor.pin_memory()` once for reused
+    buffers) and copy with `non_blocking=True`.
+    """
+    steps, wall = _per_step(run)
+    for site in run.copies:
+        share = site.host_s / steps / wall
+        if site.direction != "h2d" or site.pinned or share < min_share:
+            continue
+        yield Finding(
+            f"Host-to-device copy from pageable memory blocks {share:.0%} of each step",
+            impact=share, location=site.location, evidence=_copy_evidence(site, steps), count=site.count,
+            fix="pin the source (DataLoader(..., pin_memory=True) or tensor.pin_memory()) and copy with "
+                ".to(device, non_blocking=True)",
+        )
+
+
+@rule("GD202", "non-blocking-from-pageable", category="blocking_copy", severity="info")
+def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
+    """`non_blocking=True` on a copy from unpinned memory does nothing: the copy still blocks.
+
+    What it detects: host-to-device copies made with `non_blocking=True` whose source is not pinned.
+
+    Why it matters: the code reads as if the copy overlapped compute, but from pageable memory CUDA
+    copies synchronously; the intent is lost.
+
+    Fix: pin the source tensor (`pin_memory=True` in the DataLoader, or `.pin_memory()`), or drop
+    `non_blocking=True` so the code says what happens.
+    """
+    steps, wall = _per_step(run)
+    for site in run.copies:
+        if site.direction == "h2d" and site.non_blocking and site.pinned is False:
+            yield Finding(
+                "non_blocking=True on a copy from unpinned memory: the copy still blocks",
+                impact=site.host_s / steps / wall, location=site.location, evidence=_copy_evidence(site, steps),
+                count=site.count, fix="pin the source: tensor.pin_memory(), or DataLoader(..., pin_memory=True)",
+            )
+
+
+@rule("GD203", "device-to-host-copy-in-step", category="blocking_copy")
+def device_to_host_copy_in_step(run: Run, min_mb_per_step: float = 1.0, min_share: float = 0.02) -> Iterator[Finding]:
+    """Large device-to-host copies inside the step wait for the GPU and then for the copy.
+
+    What it detects: `.cpu()` / `.to("cpu")` / `.numpy()` of CUDA tensors from one line moving at least
+    `min_mb_per_step` MB per step, or blocking at least `min_share` of the step.
+
+    Why it matters: a device-to-host copy synchronizes with all queued GPU work, then blocks on the
+    transfer; the GPU idles until the host launches again.
+
+    Fix: keep results on the GPU and move them once per N steps, or copy into a pinned buffer with
+    `non_blocking=True` and read it after an event.
+    """
+    steps, wall = _per_step(run)
+    for site in run.copies:
+        share = site.host_s / steps / wall
+        if site.direction != "d2h" or (site.bytes / steps / MB < min_mb_per_step and share < min_share):
+            continue
+        yield Finding(
+            f"Device-to-host copy of {site.bytes / steps / MB:.1f} MB per step blocks {share:.0%} of the step",
+            impact=share, location=site.location, evidence=_copy_evidence(site, steps), count=site.count,
+            fix="keep the tensor on the GPU and copy every N steps, or copy to a pinned buffer with non_blocking=True",
+        )
+
+
+SYNC_FIXES = {
+    "item": "accumulate on the GPU (running = running + loss.detach()) and call .item() once every N steps",
+    "tolist": "keep the values on the GPU; convert once every N steps",
+    "bool": "avoid `if tensor:` on CUDA tensors in the step; compare on the GPU with torch.where, or check every N steps",
+    "float": "avoid float(tensor) in the step; accumulate on the GPU and read once every N steps",
+    "int": "avoid int(tensor) in the step; keep the value on the GPU",
+    "print": "do not print CUDA tensors in the step; log a detached copy every N steps",
+    "synchronize": "remove torch.cuda.synchronize() from the step; use torch.cuda.Event timing if you are measuring",
+    "empty_cache": "remove torch.cuda.empty_cache() from the step: it synchronizes and defeats the caching allocator",
+}
+
+
+def _stall_share(run: Run, wall: float, steps: int) -> float | None:
+    stall = run.sync_stall_s
+    return None if stall is None else stall / (wall * steps)
+
+
+@rule("GD211", "sync-in-step", category="sync_point")
+def sync_in_step(run: Run, min_share: float = 0.02) -> Iterator[Finding]:
+    """A call in the step makes the host wait for the GPU: `.item()`, `print(tensor)`, `synchronize()`, ...
+
+    What it detects: synchronizing calls on CUDA tensors from one line whose host time blocked is at least
+    `min_share` of the step, ranked by that time. Reads `.item()`, `.tolist()`, `bool()`, `float()`,
+    `int()`, printing a CUDA tensor, `torch.cuda.synchronize()` and `torch.cuda.empty_cache()`.
+
+    Why it matters: the host stops launching work until the GPU has drained its queue; after the call
+    the GPU idles while the host launches again. Several per step add up.
+
+    Impact: the GPU idle time in the trace that overlaps synchronizing CUDA calls, shared among the
+    call sites by their blocked time.
+    """
+    steps, wall = _per_step(run)
+    sites: list[SyncSite] = run.syncs
+    total_blocked = sum(s.host_s for s in sites) or 1.0
+    stall = _stall_share(run, wall, steps)
+    for site in sites:
+        share = site.host_s / steps / wall
+        if share < min_share:
+            continue
+        impact = None if stall is None else stall * site.host_s / total_blocked
+        yield Finding(
+            f"{_call_name(site.kind)} blocks the host {share:.0%} of each step waiting for the GPU",
+            impact=impact, impact_reason=None if stall is not None else "no GPU timeline in this run",
+            location=site.location, count=site.count,
+            evidence={"calls per step": round(site.count / steps, 1),
+                      "host blocked per step": (round(site.host_s / steps * 1e3, 2), "ms"),
+                      "longest wait": (round(site.max_s * 1e3, 2), "ms")},
+            fix=SYNC_FIXES.get(site.kind, "move the call out of the step"),
+        )
+
+
+def _call_name(kind: str) -> str:
+    return {"synchronize": "torch.cuda.synchronize()", "empty_cache": "torch.cuda.empty_cache()",
+            "print": "Printing a CUDA tensor", "bool": "bool() of a CUDA tensor"}.get(kind, f".{kind}()")

@@ -1,0 +1,154 @@
+"""GD1xx: the input pipeline starves the GPU."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterator
+
+from gpudoctor import Finding, NotEvaluated, Run, rule
+from gpudoctor.analysis.views import LoaderInfo, ProcessInfo
+
+
+def _loader(run: Run) -> LoaderInfo:
+    loader = run.loader.main
+    if loader is None:
+        raise NotEvaluated("the script iterated no DataLoader")
+    return loader
+
+
+def _wait_share(run: Run) -> tuple[float, float, float]:
+    """Mean data wait per step, mean step wall time, and the wait's share of the step."""
+    steps = run.require_steps()
+    wait = statistics.fmean(s.data_wait_s for s in steps)
+    wall = statistics.fmean(s.wall_s for s in steps)
+    return wait, wall, wait / wall if wall > 0 else 0.0
+
+
+def _workers(run: Run) -> list[ProcessInfo]:
+    """The loader's worker processes: children of the script's main process."""
+    main = next((p for p in run.processes if p.role == "main"), None)
+    return [p for p in run.processes if main is not None and p.ppid == main.pid]
+
+
+def _suggested_workers(load_s: float, compute_s: float, cores: int | None) -> int:
+    """Enough workers that loading a batch in parallel takes less than a step's compute, within the cores."""
+    needed = math.ceil(1.5 * load_s / max(compute_s, 1e-6))
+    # One core stays with the training process, except on the smallest hosts, where a starved training
+    # process mostly waits and two workers still beat one.
+    limit = max(2, (cores or 2) - 1)
+    return max(1, min(limit, max(2, needed)))
+
+
+def _loader_fix(loader: LoaderInfo, workers: int) -> str:
+    where = f" at {loader.location}" if loader.location else ""
+    return f"DataLoader(..., num_workers={workers}, pin_memory=True, persistent_workers=True){where}"
+
+
+def _severity(share: float) -> str:
+    return "critical" if share >= 0.5 else "warning"
+
+
+@rule("GD101", "loader-in-main-process", category="data_starvation")
+def loader_in_main_process(run: Run, min_wait_share: float = 0.15) -> Iterator[Finding]:
+    """The DataLoader loads every batch in the training process, and each step waits for it.
+
+    What it detects: `num_workers=0` while the step spends at least `min_wait_share` of its time waiting
+    for the next batch.
+
+    Why it matters: with no workers, loading and augmenting a batch runs between steps on the same
+    thread that launches GPU work, so the GPU idles for the whole load.
+
+    Example: `DataLoader(dataset, batch_size=32)` with image decoding in `__getitem__`.
+
+    Fix: `DataLoader(dataset, batch_size=32, num_workers=N, pin_memory=True, persistent_workers=True)`,
+    N from the cores available; the workers load the next batches while the GPU computes.
+
+    Impact: with N workers the step takes max(compute, load / N) instead of compute + load.
+    """
+    loader = _loader(run)
+    if loader.num_workers != 0:
+        return
+    wait, wall, share = _wait_share(run)
+    if share < min_wait_share:
+        return
+    compute = max(wall - wait, 1e-6)
+    workers = _suggested_workers(wait, compute, run.env.cores)
+    fixed = max(compute, wait / workers)
+    yield Finding(
+        f"The step waits {share:.0%} of its time for the DataLoader, which loads in the main process",
+        impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
+        evidence={"data wait per step": (round(wait * 1e3, 2), "ms"), "step time": (round(wall * 1e3, 2), "ms"),
+                  "num_workers": 0, "batch size": loader.batch_size, "cores available": run.env.cores},
+        fix=_loader_fix(loader, workers),
+    )
+
+
+@rule("GD102", "loader-workers-too-few", category="data_starvation")
+def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_cores: float = 0.7) -> Iterator[Finding]:
+    """The DataLoader has workers, but too few to keep up, and the host has cores to spare.
+
+    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data,
+    the workers are CPU-busy (at least `busy_worker_cores` of a core each) and the process may use more
+    cores than it has workers.
+
+    Why it matters: each worker makes one batch at a time; when a batch takes longer to make than the
+    GPU takes to consume `num_workers` of them, the GPU waits.
+
+    Fix: raise `num_workers` (the suggestion is derived from the measured load and compute times and the
+    cores available), keep `persistent_workers=True`.
+    """
+    loader = _loader(run)
+    if loader.num_workers == 0:
+        return
+    wait, wall, share = _wait_share(run)
+    workers = _workers(run)
+    if share < min_wait_share or not workers:
+        return
+    worker_cores = statistics.fmean(p.cpu_mean for p in workers)
+    cores = run.env.cores or 1
+    if worker_cores < busy_worker_cores or loader.num_workers + 1 >= cores:
+        return
+    compute = max(wall - wait, 1e-6)
+    batch_s = wall * loader.num_workers  # starved, the loader delivers a batch every step
+    suggested = _suggested_workers(batch_s, compute, cores)
+    if suggested <= loader.num_workers:
+        return
+    fixed = max(compute, batch_s / suggested)
+    yield Finding(
+        f"{loader.num_workers} DataLoader workers cannot keep up: the step waits {share:.0%} of its time for data",
+        impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
+        evidence={"data wait per step": (round(wait * 1e3, 2), "ms"), "num_workers": loader.num_workers,
+                  "CPU per worker": (round(worker_cores, 2), "cores"), "cores available": cores},
+        fix=_loader_fix(loader, suggested),
+    )
+
+
+@rule("GD103", "loader-cpu-bound", category="data_starvation")
+def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: float = 0.85) -> Iterator[Finding]:
+    """The DataLoader's workers use every core and still cannot keep up: per-sample work is too heavy.
+
+    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data,
+    and the host's cores are at least `busy_host_share` busy, so more workers cannot help.
+
+    Why it matters: the CPU, not the GPU, sets the pace of training.
+
+    Fix: make each sample cheaper: decode or resize once ahead of time, move augmentation to the GPU
+    (batched, after the copy), cache preprocessed samples, or use a faster decoder.
+    """
+    loader = _loader(run)
+    if loader.num_workers == 0:
+        return
+    wait, wall, share = _wait_share(run)
+    host = run.require_host_samples().host
+    cores = run.env.cores or 1
+    busy = statistics.fmean(p.values["busy_cores"] for p in host) / cores
+    if share < min_wait_share or busy < busy_host_share:
+        return
+    yield Finding(
+        f"The host's CPUs are {busy:.0%} busy and the step still waits {share:.0%} of its time for data",
+        impact=share, location=loader.location, severity=_severity(share),
+        evidence={"data wait per step": (round(wait * 1e3, 2), "ms"), "host CPU busy": (round(busy * 100), "%"),
+                  "num_workers": loader.num_workers, "cores available": cores},
+        fix="make __getitem__ cheaper: preprocess once ahead of time, or move augmentation to the GPU after the copy",
+    )

@@ -1,0 +1,62 @@
+"""GD3xx: kernels and launches that leave the GPU's SMs idle."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+
+from gpudoctor import Finding, Run, rule
+
+
+@rule("GD301", "launch-bound-steps", category="small_batch")
+def launch_bound_steps(run: Run, max_busy_share: float = 0.6, max_median_kernel_us: float = 30.0,
+                       max_wait_share: float = 0.1) -> Iterator[Finding]:
+    """Steps are launch-bound: many tiny kernels, and the GPU finishes each before the next is launched.
+
+    What it detects: the GPU is busy less than `max_busy_share` of the step, its kernels are short
+    (median under `max_median_kernel_us` µs), and the step is not waiting on data (under
+    `max_wait_share`) — so the host's kernel launches set the pace.
+
+    Why it matters: each kernel launch costs the host a few microseconds; when a kernel runs for less
+    than that, the GPU idles between kernels. Small batches are the usual cause.
+
+    Fix: raise the batch size (the memory headroom measured says how far), or cut launches with
+    `torch.compile(model)` or CUDA graphs.
+    """
+    gpu = run.require_gpu()
+    steps = [s for s in run.require_steps() if s.gpu_busy_s is not None]
+    if not steps:
+        return
+    wall = sum(s.wall_s for s in steps)
+    busy = sum(s.gpu_busy_s or 0.0 for s in steps) / wall
+    wait = sum(s.data_wait_s for s in steps) / wall
+    kernels = [k for s in steps for k in gpu.kernels_in(s.start, s.end)]
+    if not kernels or busy >= max_busy_share or wait >= max_wait_share:
+        return
+    median_us = statistics.median(k.dur for k in kernels) * 1e6
+    if median_us >= max_median_kernel_us:
+        return
+    loader = run.loader.main
+    batch = loader.batch_size if loader else None
+    headroom = _memory_headroom(steps, run)
+    evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(len(kernels) / len(steps)),
+                "median kernel": (round(median_us, 1), "µs"), "batch size": batch}
+    if headroom is not None:
+        evidence["GPU memory used"] = (round(100 / headroom), "%")
+    scale = min(8, int(headroom)) if headroom else None
+    grow = f" to about {batch * scale}" if batch and scale and scale > 1 else ""
+    yield Finding(
+        f"Launch-bound steps: the GPU is idle {1 - busy:.0%} of each step between {round(median_us)} µs kernels",
+        impact=1 - busy, location=loader.location if loader else None, evidence=evidence,
+        fix=f"raise the batch size{grow} (memory allows it), or wrap the model in torch.compile(model) to fuse kernels",
+    )
+
+
+def _memory_headroom(steps: list, run: Run) -> float | None:
+    """How many times the step's peak allocation fits in the device's memory."""
+    device = run.env.cuda_device or {}
+    peaks = [s.cuda_memory.get("max_allocated") for s in steps if s.cuda_memory]
+    total = device.get("total_memory")
+    if not peaks or not total or not max(peaks):
+        return None
+    return total / max(peaks)

@@ -1,0 +1,171 @@
+"""GD5xx: processes and threads: the GIL, forks after CUDA init, and the CPU the job gets."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+
+from gpudoctor import Finding, Run, rule
+
+
+def _gpu_idle_share(run: Run) -> float | None:
+    measured = [s for s in run.steps if s.gpu_idle_s is not None]
+    wall = sum(s.wall_s for s in measured)
+    return sum(s.gpu_idle_s or 0.0 for s in measured) / wall if wall else None
+
+
+@rule("GD501", "gil-contention", category="gil_contention")
+def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.3,
+                   min_probe_delay_share: float = 0.5) -> Iterator[Finding]:
+    """Several Python threads feed the GPU, and they take turns on the GIL.
+
+    What it detects: at least `min_threads` busy Python threads in the training process, the process
+    using no more than `max_process_cores` cores in total, and gpudoctor's GIL probe waking late — on
+    average at least `min_probe_delay_share` of the interpreter's switch interval — because another
+    thread holds the GIL. Silent on free-threaded Python (no GIL).
+
+    Why it matters: only one thread runs Python at a time; threads that prepare tensors and launch
+    kernels serialize, and the GPU idles while they wait for each other.
+
+    Fix: one process per worker stream (`torch.multiprocessing` with spawn), or a single thread that
+    launches batched work; keep Python-heavy preprocessing in DataLoader worker processes.
+    """
+    if run.env.gil_enabled is False:
+        return
+    processes = run.require_processes()
+    steps = run.require_steps()
+    main = next((p for p in processes if p.role == "main"), None)
+    gil = [s.gil for s in steps if s.gil is not None]
+    if main is None or not gil:
+        return
+    threads = run.user_threads
+    switch = float(run.manifest.get("child", {}).get("process", {}).get("switch_interval_s") or 0.005)
+    delay = statistics.fmean(g.mean_s for g in gil)
+    if main.busy_threads < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
+        return
+    idle = _gpu_idle_share(run)
+    site = threads[0].location if threads else None
+    yield Finding(
+        f"{main.busy_threads} busy Python threads share one GIL: the process runs on {main.cpu_mean:.1f} cores",
+        impact=idle, impact_reason=None if idle is not None else "no GPU timeline in this run to measure the idle time",
+        location=site, count=len(threads),
+        evidence={"busy threads": main.busy_threads, "threads started by the script": len(threads),
+                  "process CPU": (round(main.cpu_mean, 2), "cores"),
+                  "GIL probe wake-up delay": (round(delay * 1e3, 2), "ms"),
+                  "GPU idle": (round(idle * 100), "%") if idle is not None else None},
+        fix="use processes instead of threads (torch.multiprocessing with the spawn start method), or one "
+            "thread launching batched work",
+    )
+
+
+CUDA_FORK_ERROR = "Cannot re-initialize CUDA in forked subprocess"
+
+
+@rule("GD502", "fork-after-cuda-init", category="fork_after_cuda")
+def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
+    """A process was forked after CUDA was initialized.
+
+    What it detects: `fork()` (multiprocessing's fork start method, or DataLoader workers started with
+    it) after the training process initialized CUDA, and runs that crashed with "Cannot re-initialize
+    CUDA in forked subprocess".
+
+    Why it matters: CUDA does not survive fork. A child that touches CUDA crashes; one that does not
+    works only by luck, and any library call that initializes CUDA breaks it later.
+
+    Fix: `multiprocessing.set_start_method("spawn")` (or "forkserver") before creating processes, or
+    `DataLoader(..., multiprocessing_context="spawn", persistent_workers=True)`.
+    """
+    crashed = run.exit.message is not None and CUDA_FORK_ERROR in run.exit.message
+    forks = [f for f in run.forks if f.cuda_initialized]
+    if not forks and not crashed:
+        return
+    first = forks[0] if forks else None
+    loader_forks = sum(1 for f in forks if f.dataloader_worker)
+    yield Finding(
+        "The script crashed: a forked process tried to use CUDA" if crashed else
+        f"{len(forks)} processes forked after CUDA was initialized",
+        impact=None, impact_reason="a correctness risk, not a cost in step time",
+        severity="critical" if crashed else "warning",
+        location=(first.location if first else None) or run.exit.location, count=max(1, len(forks)),
+        evidence={"forks after CUDA init": len(forks), "of them DataLoader workers": loader_forks,
+                  "start method": first.start_method if first else None, "crashed": crashed},
+        fix='DataLoader(..., multiprocessing_context="spawn", persistent_workers=True), or '
+            'multiprocessing.set_start_method("spawn") before starting processes',
+    )
+
+
+@rule("GD503", "cpu-oversubscription", category="cpu_oversubscription")
+def cpu_oversubscription(run: Run, max_threads_per_core: float = 1.5, min_invol_switches_per_s: float = 200.0) -> Iterator[Finding]:
+    """More busy threads than cores: loader workers × intra-op threads (× ranks) exceed the CPU.
+
+    What it detects: the script's processes run more threads than `max_threads_per_core` times the
+    cores available to them, and the OS preempts them (at least `min_invol_switches_per_s` involuntary
+    context switches per second across the tree).
+
+    Why it matters: threads that outnumber cores time-slice; OpenMP thread pools spin and wait for each
+    other, and every worker runs slower than with fewer threads.
+
+    Fix: one intra-op thread per loader worker (`worker_init_fn=lambda _: torch.set_num_threads(1)`),
+    and `torch.set_num_threads(cores // ranks)` in the training process.
+    """
+    processes = run.require_processes()
+    cores = run.env.cores or 1
+    busy_threads = sum(p.busy_threads for p in processes)
+    switches = sum(p.ctx_invol_per_s or 0.0 for p in processes)
+    if busy_threads <= max_threads_per_core * cores or switches < min_invol_switches_per_s:
+        return
+    workers = [p for p in processes if p.role == "child"]
+    loader = run.loader.main
+    yield Finding(
+        f"{busy_threads} busy threads compete for {cores} cores",
+        impact=_host_bound_share(run), impact_reason="no step data to estimate from",
+        location=loader.location if loader else None,
+        evidence={"busy threads": busy_threads, "cores available": cores,
+                  "involuntary context switches": (round(switches), "per s"),
+                  "worker processes": len(workers), "intra-op threads (main)": run.env.intra_op_threads},
+        fix="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1)) and "
+            f"torch.set_num_threads({max(1, cores // 2)}) in the training process",
+    )
+
+
+def _host_bound_share(run: Run) -> float | None:
+    """The share of the step the GPU idles (or, with no GPU timeline, the host waits for data)."""
+    idle = _gpu_idle_share(run)
+    if idle is not None:
+        return idle
+    if not run.steps:
+        return None
+    return sum(s.data_wait_s for s in run.steps) / run.wall_s
+
+
+@rule("GD504", "cpu-contention", category="cpu_contention")
+def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: float = 0.85) -> Iterator[Finding]:
+    """Other programs on the host take CPU the job needs.
+
+    What it detects: processes outside the script's tree use at least `min_other_cores` cores on
+    average while the host's CPUs are at least `busy_host_share` busy.
+
+    Why it matters: the loader workers and the launching thread get less CPU than they ask for; the
+    GPU waits for them.
+
+    Fix: stop or move the other programs, or pin the job to its own cores (`taskset`, cgroups, a
+    container CPU limit for the neighbours).
+    """
+    samples = run.require_host_samples().host
+    cores = run.env.cpu_count or run.env.cores or 1
+    points = [p for p in samples if p.values.get("other_cores") is not None]
+    if not points:
+        return
+    other = statistics.fmean(p.values["other_cores"] for p in points)
+    busy = statistics.fmean(p.values["busy_cores"] for p in points) / cores
+    if other < min_other_cores or busy < busy_host_share:
+        return
+    host_bound = _host_bound_share(run)
+    impact = None if host_bound is None else host_bound * min(1.0, other / cores)
+    yield Finding(
+        f"Other processes use {other:.1f} of {cores} cores while the host is {busy:.0%} busy",
+        impact=impact, impact_reason="no step data to estimate from",
+        evidence={"other processes' CPU": (round(other, 2), "cores"), "host CPU busy": (round(busy * 100), "%"),
+                  "cores": cores},
+        fix="stop or move the other programs, or give the job its own cores (taskset, cgroups)",
+    )
