@@ -1,0 +1,98 @@
+"""The rule engine: isolation, not-evaluated, merging, ranking, and validation at declaration."""
+
+import pytest
+
+from gpudoctor import Finding, NotEvaluated, Run, rule
+from gpudoctor.analysis.views import Location
+from gpudoctor.engine import run_rules
+from gpudoctor.errors import RuleLoadError
+
+
+def empty_run() -> Run:
+    return Run({"schema_version": 1}, [], None, [], [], [])
+
+
+@rule("TST101", "always-fires", category="data_starvation")
+def always_fires(run, impact: float = 0.3):
+    """Fires once per call with the given impact."""
+    yield Finding("fires", impact=impact, location=Location("train.py", 7, "main"))
+    yield Finding("fires again", impact=impact, location=Location("train.py", 7, "main"))
+
+
+@rule("TST102", "raises", category="sync_point")
+def raises(run):
+    """Raises."""
+    raise ValueError("boom")
+
+
+@rule("TST103", "needs-gpu", category="small_batch")
+def needs_gpu(run):
+    """Needs a GPU timeline."""
+    run.require_gpu()
+    yield Finding("never")
+
+
+@rule("TST104", "small", category="cpu_contention", severity="critical")
+def small(run):
+    """Fires with a small impact."""
+    yield Finding("small", impact=0.05)
+
+
+def test_a_failing_rule_becomes_an_error_and_the_others_still_run():
+    result = run_rules(empty_run(), [raises, always_fires, needs_gpu, small])
+    assert [e["code"] for e in result.errors] == ["TST102"]
+    assert "ValueError: boom" in result.errors[0]["error"]
+    assert [n["code"] for n in result.not_evaluated] == ["TST103"]
+    assert "no profiler trace" in result.not_evaluated[0]["reason"]
+    assert [f["code"] for f in result.findings] == ["TST101", "TST104"]  # ranked by impact
+
+
+def test_findings_from_one_call_site_are_merged_with_counts():
+    result = run_rules(empty_run(), [always_fires])
+    assert len(result.findings) == 1
+    assert result.findings[0]["count"] == 2
+    assert result.findings[0]["location"] == {"file": "train.py", "line": 7, "function": "main"}
+
+
+def test_options_are_overridable():
+    result = run_rules(empty_run(), [always_fires], {"TST101": {"impact": 0.9}})
+    assert result.findings[0]["impact"] == 0.9
+
+
+def test_impact_is_clamped_to_a_share():
+    result = run_rules(empty_run(), [always_fires], {"TST101": {"impact": 3.0}})
+    assert result.findings[0]["impact"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("code", "name", "category", "message"),
+    [
+        ("acme1", "x", "data_starvation", "malformed"),
+        ("ACME101", "Not Kebab", "data_starvation", "kebab-case"),
+        ("ACME101", "ok-name", "slow_stuff", "category 'slow_stuff' is unknown"),
+    ],
+)
+def test_declaration_errors_name_the_fix(code, name, category, message):
+    with pytest.raises(RuleLoadError, match=message):
+        rule(code, name, category=category)(always_fires.func)
+
+
+def test_an_option_without_a_default_is_refused():
+    def no_default(run, threshold):
+        """Doc."""
+
+    with pytest.raises(RuleLoadError, match="'threshold' needs a default"):
+        rule("ACME102", "no-default", category="data_starvation")(no_default)
+
+
+def test_a_rule_without_docs_is_refused():
+    def undocumented(run):
+        return []
+
+    with pytest.raises(RuleLoadError, match="no docstring"):
+        rule("ACME103", "undocumented", category="data_starvation")(undocumented)
+
+
+def test_not_evaluated_is_raised_by_views_not_swallowed_as_pass():
+    with pytest.raises(NotEvaluated):
+        empty_run().require_steps()
