@@ -11,15 +11,19 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand, TyperOption
 
 from gpudoctor import __version__
 from gpudoctor.collect.config import WindowConfig
-from gpudoctor.diagnose import RuleSelection, diagnose, open_run, write_outputs
+from gpudoctor.diagnose import PreparedRules, RuleSelection, diagnose, open_run, prepare_rules, write_outputs
 from gpudoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, GpudoctorError, InputNotFoundError
 from gpudoctor.engine import SEVERITIES
 from gpudoctor.launcher import ProfileRequest, profile as run_profile
 from gpudoctor.loading import load_rules
 from gpudoctor.report.render import to_text
+
+# Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -31,6 +35,7 @@ app.add_typer(rules_app, name="rules")
 RulesOption = Annotated[Optional[list[str]], typer.Option("--rules", help="A rule file, directory of them, or module (repeatable).")]
 SelectOption = Annotated[Optional[list[str]], typer.Option("--select", help="Run only rules whose code starts with this (repeatable).")]
 IgnoreOption = Annotated[Optional[list[str]], typer.Option("--ignore", help="Skip rules whose code starts with this (repeatable).")]
+RuleOptionOption = Annotated[Optional[list[str]], typer.Option("--rule-option", help="Set a rule option: CODE.option=value (repeatable).")]
 FailOnOption = Annotated[Optional[str], typer.Option("--fail-on", help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
 
 
@@ -50,7 +55,31 @@ def _fails(report: dict, fail_on: str | None) -> bool:
     return any(SEVERITIES.index(f["severity"]) >= threshold for f in report["findings"])
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
+def _end_options_after_module(args: list[str], takes_value: set[str]) -> list[str]:
+    """Insert `--` after `-m MODULE`, so that the module's own arguments are not read as gpudoctor's options."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-"):
+            return args  # the script comes first, and click stops reading options there by itself
+        if arg in ("-m", "--module"):
+            return args if i + 1 == len(args) else [*args[:i + 2], "--", *args[i + 2:]]
+        if arg.startswith("--module=") or (arg.startswith("-m") and not arg.startswith("--")):
+            return [*args[:i + 1], "--", *args[i + 1:]]
+        i += 2 if arg in takes_value else 1
+    return args
+
+
+class _ProfileCommand(TyperCommand):
+    """`profile -m MODULE ARGS...` gives every argument after MODULE to the module, as `python -m` does."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        takes_value = {name for p in self.params if isinstance(p, TyperOption) and not p.is_flag for name in p.opts}
+        return super().parse_args(ctx, _end_options_after_module(args, takes_value))
+
+
+@app.command(cls=_ProfileCommand,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
 def profile(
     ctx: typer.Context,
     script: Annotated[Optional[str], typer.Argument(help="The script to run, then its own arguments.", show_default=False)] = None,
@@ -62,7 +91,8 @@ def profile(
     max_steps: Annotated[Optional[int], typer.Option(help="Stop the script cleanly after this many steps.", min=1)] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Stop the script after this many seconds.", min=0.1)] = None,
     with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
-    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None, fail_on: FailOnOption = None,
+    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
+    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None,
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     _check_fail_on(fail_on)
@@ -76,17 +106,23 @@ def profile(
         script=script, module=module, args=args, out=out,
         window=WindowConfig(wait_steps, warmup_steps, active_steps), max_steps=max_steps, timeout_s=timeout, with_stack=with_stack,
     )
+    prepared = prepare_rules(_selection(rules, select, ignore, rule_option))  # a bad rule fails before the script runs
     outcome = run_profile(request)
     if outcome.message:
         _say(outcome.message)
-    report = _diagnose_into(outcome.run_dir, outcome.run_dir, RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ())))
+    report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared)
     status = outcome.exit_status
     if status == 0 and report is not None and _fails(report, fail_on):
         status = EXIT_FINDINGS
     raise typer.Exit(status)
 
 
-def _diagnose_into(source: Path, out_dir: Path, rules: RuleSelection) -> dict | None:
+def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[str] | None,
+               rule_option: list[str] | None) -> RuleSelection:
+    return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()))
+
+
+def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules) -> dict | None:
     """Analyse and write the report; a failure here is reported but never hides the script's own status."""
     try:
         report = diagnose(open_run(source), rules)
@@ -102,14 +138,16 @@ def _diagnose_into(source: Path, out_dir: Path, rules: RuleSelection) -> dict | 
 def analyze(
     path: Annotated[Path, typer.Argument(help="A run directory, or a torch.profiler trace (.json or .json.gz).")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Where to write findings.json and report.html.")] = None,
-    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None, fail_on: FailOnOption = None,
+    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
+    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None,
 ) -> None:
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
     _check_fail_on(fail_on)
     if not path.exists():
         raise InputNotFoundError(f"{path} does not exist.")
     out_dir = out or (path if path.is_dir() else path.parent)
-    report = diagnose(open_run(path), RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ())))
+    prepared = prepare_rules(_selection(rules, select, ignore, rule_option))
+    report = diagnose(open_run(path), prepared)
     written = write_outputs(report, out_dir)
     print(to_text(report, str(written["html"])), file=sys.stderr, end="")
     if _fails(report, fail_on):
@@ -160,12 +198,10 @@ def main() -> None:
     except typer.Abort:
         _say("aborted.")
         sys.exit(130)
-    except Exception as exc:  # click's usage errors, and bugs
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except _ClickException as exc:  # usage errors
+        exc.show()
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # bugs
         _say(f"internal error: {type(exc).__name__}: {exc}. Please report it with the traceback below.")
         import traceback
 

@@ -9,7 +9,8 @@ from typing import Any
 
 from gpudoctor.analysis import Run
 from gpudoctor.bundle import FINDINGS, REPORT
-from gpudoctor.engine import run_rules
+from gpudoctor.config import load_project_config, parse_cli_options, resolve_options
+from gpudoctor.engine import Rule, run_rules
 from gpudoctor.errors import OutputNotWritableError
 from gpudoctor.loading import load_rules, select_rules
 from gpudoctor.report import build_report
@@ -18,10 +19,28 @@ from gpudoctor.report.render import to_html, to_json
 
 @dataclass
 class RuleSelection:
+    """What the command line asked for; pyproject.toml's [tool.gpudoctor] adds to it."""
+
     paths: tuple[str, ...] = ()
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
-    options: dict[str, dict[str, Any]] | None = None
+    options: tuple[str, ...] = ()  # CODE.option=value
+
+
+@dataclass
+class PreparedRules:
+    rules: list[Rule]
+    options: dict[str, dict[str, Any]]
+
+
+def prepare_rules(selection: RuleSelection, project_dir: Path | None = None) -> PreparedRules:
+    """Load, check and select the rules before anything runs, so a bad rule file fails fast."""
+    project = load_project_config(project_dir)
+    loaded = load_rules([*project.rule_paths, *selection.paths])
+    options = resolve_options(loaded, (str(project.source), project.options),
+                              ("--rule-option", parse_cli_options(list(selection.options))))
+    chosen = select_rules(loaded, selection.select or project.select, [*project.ignore, *selection.ignore])
+    return PreparedRules(chosen, options)
 
 
 def open_run(path: Path) -> Run:
@@ -29,9 +48,8 @@ def open_run(path: Path) -> Run:
     return Run.from_bundle(path) if path.is_dir() else Run.from_trace(path)
 
 
-def diagnose(run: Run, rules: RuleSelection) -> dict[str, Any]:
-    chosen = select_rules(load_rules(rules.paths), rules.select, rules.ignore)
-    return build_report(run, run_rules(run, chosen, rules.options))
+def diagnose(run: Run, prepared: PreparedRules) -> dict[str, Any]:
+    return build_report(run, run_rules(run, prepared.rules, prepared.options))
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("json", "html")) -> dict[str, Path]:
@@ -46,4 +64,4 @@ def write_outputs(report: dict[str, Any], out_dir: Path, formats: Iterable[str] 
             written["html"].write_text(to_html(report), encoding="utf-8")
         return written
     except OSError as exc:
-        raise OutputNotWritableError(f"gpudoctor cannot write the report to {out_dir} ({exc.strerror}).") from None
+        raise OutputNotWritableError(f"cannot write the report to {out_dir} ({exc.strerror}).") from None

@@ -1,0 +1,111 @@
+"""Project settings from pyproject.toml's [tool.gpudoctor] table, and rule options from the command line.
+
+    [tool.gpudoctor]
+    rules = ["team_rules/"]          # rule files, directories or modules, relative to pyproject.toml
+    select = ["GD1", "ACME"]
+    ignore = ["GD202"]
+
+    [tool.gpudoctor.rules.ACME101]   # options of one rule (TOML cannot also hold `rules = [...]`:
+    max_wait = 0.2                   # then list the paths as `paths = [...]` in [tool.gpudoctor.rules])
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpudoctor.engine import Rule
+from gpudoctor.errors import RuleLoadError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+@dataclass
+class ProjectConfig:
+    source: Path | None = None
+    rule_paths: list[str] = field(default_factory=list)
+    select: list[str] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def find_pyproject(start: Path) -> Path | None:
+    for directory in (start, *start.parents):
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_project_config(start: Path | None = None) -> ProjectConfig:
+    path = find_pyproject((start or Path.cwd()).resolve())
+    if path is None:
+        return ProjectConfig()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise RuleLoadError(f"{path}: is not valid TOML ({exc}).") from None
+    table = data.get("tool", {}).get("gpudoctor", {})
+    rules = table.get("rules", [])
+    paths = rules if isinstance(rules, list) else rules.get("paths", [])
+    options = {code: value for code, value in rules.items() if isinstance(value, dict)} if isinstance(rules, dict) else {}
+    return ProjectConfig(
+        source=path, rule_paths=[_relative_to(path.parent, p) for p in paths],
+        select=list(table.get("select", [])), ignore=list(table.get("ignore", [])), options=options,
+    )
+
+
+def _relative_to(root: Path, spec: str) -> str:
+    """A path-like spec is taken relative to pyproject.toml; a module name stays as it is."""
+    candidate = root / spec
+    return str(candidate) if candidate.exists() or spec.endswith(".py") or "/" in spec else spec
+
+
+def parse_cli_options(items: list[str]) -> dict[str, dict[str, str]]:
+    """`CODE.option=value` items from --rule-option; values are converted once the rule is known."""
+    options: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        code, dot, name = key.partition(".")
+        if not sep or not dot or not code or not name:
+            raise RuleLoadError(f"--rule-option {item!r} must look like CODE.option=value, e.g. GD101.min_wait_share=0.2.")
+        options.setdefault(code.upper(), {})[name] = value
+    return options
+
+
+def _convert(value: Any, default: Any, where: str) -> Any:
+    if not isinstance(value, str) or isinstance(default, str):
+        if isinstance(default, bool) != isinstance(value, bool) or (
+                isinstance(default, (int, float)) and not isinstance(value, (int, float))):
+            raise RuleLoadError(f"{where}: expects a value like {default!r}, got {value!r}.")
+        return float(value) if isinstance(default, float) else value
+    try:
+        if isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1")
+        return type(default)(value) if default is not None else value
+    except ValueError:
+        raise RuleLoadError(f"{where}: expects a value like {default!r}, got {value!r}.") from None
+
+
+def resolve_options(rules: list[Rule], *layers: tuple[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Merge option layers (later wins), checking each against the rule's declared options and types."""
+    by_code = {r.code: r for r in rules}
+    merged: dict[str, dict[str, Any]] = {}
+    for origin, layer in layers:
+        for code, values in layer.items():
+            r = by_code.get(code)
+            if r is None:
+                raise RuleLoadError(f"{origin}: sets options for rule {code}, but no loaded rule has that code.")
+            for name, value in values.items():
+                if name not in r.options:
+                    known = ", ".join(r.options) or "none"
+                    raise RuleLoadError(f"{origin}: rule {code} ({r.name}) has no option '{name}'; its options: {known}.")
+                merged.setdefault(code, {})[name] = _convert(value, r.options[name], f"{origin}: {code}.{name}")
+    return merged
