@@ -7,11 +7,15 @@ its environment as under plain `python`.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import os
 import runpy
 import signal
 import sys
 import traceback
+import types
 from types import TracebackType
 from typing import Any
 
@@ -20,10 +24,17 @@ from gpudoctor.collect.instrument import Instrumentation
 from gpudoctor.collect.recorder import MaxStepsReached, Recorder, set_active
 
 
+_INTERNAL_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+
+
+def _is_internal(filename: str) -> bool:
+    # runpy is frozen since Python 3.11: its frames are named "<frozen runpy>", not its file.
+    return filename == "<frozen runpy>" or os.path.realpath(filename) in _INTERNAL_FILES
+
+
 def _trim(tb: TracebackType | None) -> TracebackType | None:
     """Drop the bootstrap's and runpy's frames so the traceback starts in the user's code, as with python."""
-    internal = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
-    while tb is not None and os.path.realpath(tb.tb_frame.f_code.co_filename) in internal:
+    while tb is not None and _is_internal(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb
 
@@ -45,7 +56,22 @@ def _run(target_kind: str, target: str, args: list[str]) -> None:
     else:
         sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(os.path.realpath(target))
-        runpy.run_path(target, run_name="__main__")
+        _run_script(target)
+
+
+def _run_script(target: str) -> None:
+    """Run the file as `python SCRIPT` does, in a new `__main__` whose __file__ is the absolute path.
+
+    Not runpy.run_path: it leaves __file__ (and so tracebacks) relative and sets argv[0] to the path it ran.
+    """
+    path = os.path.abspath(target)
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__, main.__builtins__ = path, None, builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    exec(code, vars(main))
 
 
 def main(argv: list[str]) -> None:
@@ -74,7 +100,8 @@ def main(argv: list[str]) -> None:
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException as exc:
         _finish(recorder, instrumentation, "exception", **_exception_event(exc))
-        sys.excepthook(type(exc), exc, _trim(exc.__traceback__))
+        exc.__traceback__ = _trim(exc.__traceback__)  # the default excepthook prints the exception's own
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
     else:
         _finish(recorder, instrumentation, "completed")

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor import __version__
-from gpudoctor.bundle import EVENTS, MANIFEST, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, write_json_atomic
+from gpudoctor.bundle import (
+    EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, write_json_atomic,
+)
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
 from gpudoctor.collect.stub import child_command
@@ -63,12 +65,13 @@ def check_script(script: str) -> None:
         source = path.read_bytes()
     except OSError as exc:
         raise ScriptNotFoundError(f"{script} cannot be read: {exc.strerror}.") from None
+    if b"\0" in source:  # compile() reports these as a SyntaxError or a ValueError, depending on the Python
+        raise ScriptNotPythonError(f"{script} is not a Python script: it is a binary file (it contains null bytes).")
     try:
         compile(source, script, "exec", dont_inherit=True)
     except SyntaxError as exc:
-        raise ScriptNotPythonError(f"{script} is not valid Python: {exc.msg} (line {exc.lineno}).") from None
-    except ValueError as exc:  # e.g. null bytes: a binary file
-        raise ScriptNotPythonError(f"{script} is not a Python script: {exc}.") from None
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise ScriptNotPythonError(f"{script} is not valid Python: {exc.msg}{where}.") from None
 
 
 def make_run_dir(request: ProfileRequest) -> Path:
@@ -83,14 +86,21 @@ def make_run_dir(request: ProfileRequest) -> Path:
             run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}-{suffix}"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        _remove_previous_run(run_dir)
         probe = run_dir / ".write-test"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
         raise OutputNotWritableError(
-            f"gpudoctor cannot write to {run_dir} ({exc.strerror}); choose another directory with --out."
+            f"cannot write to {run_dir} ({exc.strerror}); choose another directory with --out."
         ) from None
     return run_dir.resolve()
+
+
+def _remove_previous_run(run_dir: Path) -> None:
+    """An --out directory used before: its files would mix with this run's (events and samples are appended)."""
+    for name in (MANIFEST, EVENTS, TRACE, FINDINGS, REPORT, *(f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values())):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def _base_manifest(request: ProfileRequest, run_dir: Path, samplers: Samplers) -> dict[str, Any]:
@@ -278,7 +288,7 @@ def _profiler_status(run_dir: Path, end: dict[str, Any] | None, facts: dict[str,
         return {"ok": True}
     opened = any(e.get("state") == "opened" for e in facts.get("window_events", []))
     if opened:
-        return {"ok": False, "reason": "the script ended before the profiling window recorded a step"}
+        return {"ok": False, "reason": "the script ended before the profiling window could write its trace"}
     if end is None:
         return {"ok": False, "reason": "the script's process ended without reporting (killed or crashed) before the window closed"}
     steps = end.get("steps", 0)

@@ -1,0 +1,135 @@
+"""Helpers shared by the tests: run `python -m gpudoctor ...` for real, in a temporary working directory.
+
+The tests run gpudoctor from this checkout (PYTHONPATH), as a separate process, the way a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+# A small profiling window, so that a trace is written after a handful of steps.
+WINDOW = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
+RUN_TIMEOUT_S = 180  # a test that hangs fails instead of blocking the suite
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    """The environment gpudoctor (and plain python, for comparisons) runs in: this checkout first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("PYTHONSTARTUP", None)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    @property
+    def messages(self) -> list[str]:
+        """gpudoctor's own lines on stderr (not the script's)."""
+        return [line for line in self.stderr.splitlines() if line.startswith("gpudoctor:")]
+
+    @property
+    def first_message(self) -> str:
+        assert self.messages, f"gpudoctor printed no message; stderr was:\n{self.stderr}"
+        return self.messages[0]
+
+    def manifest(self) -> dict:
+        return json.loads((self.run_dir / "manifest.json").read_text())
+
+    def findings(self) -> dict:
+        return json.loads((self.run_dir / "findings.json").read_text())
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        lines = (self.run_dir / "events.jsonl").read_text().splitlines()
+        events = [json.loads(line) for line in lines if line.strip()]
+        return [e for e in events if kind is None or e.get("kind") == kind]
+
+    def __str__(self) -> str:
+        return f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+def _run_dir_of(args: tuple[str, ...], stderr: str, cwd: Path) -> Path | None:
+    """The run directory: --out when given (before the script), else the one the report line names."""
+    if "--out" in args:
+        return cwd / args[args.index("--out") + 1]
+    match = re.search(r"^  report: (.+)/report\.html$", stderr, re.MULTILINE)
+    return Path(match.group(1)) if match else None
+
+
+class Gpudoctor:
+    """Runs the gpudoctor CLI in `cwd`, a fresh temporary directory."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "gpudoctor", *args]
+
+    def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S) -> Result:
+        done = subprocess.run(
+            self.command(*args), cwd=self.cwd, env=env or env_with(), stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=timeout,
+        )
+        return Result(done.returncode, done.stdout, done.stderr, _run_dir_of(args, done.stderr, self.cwd))
+
+    def profile(self, target: str, *script_args: str, options: tuple[str, ...] = WINDOW, out: str | None = "run",
+                env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S) -> Result:
+        """`gpudoctor profile [--out out] OPTIONS target ARGS`."""
+        out_args = ("--out", out) if out else ()
+        return self.run("profile", *out_args, *options, target, *script_args, env=env, timeout=timeout)
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start gpudoctor without waiting for it (to signal it while it runs)."""
+        return subprocess.Popen(
+            self.command(*args), cwd=self.cwd, env=env or env_with(), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+
+@pytest.fixture
+def gd(tmp_path: Path) -> Gpudoctor:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    return Gpudoctor(cwd)
+
+
+@pytest.fixture(scope="session")
+def training_run(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """One real profile of the training-loop fixture, shared by the tests that only read its bundle.
+
+    8 optimizer steps of batch 4, each sample sleeping 5 ms in the main process.
+    """
+    cwd = tmp_path_factory.mktemp("training")
+    result = Gpudoctor(cwd).profile(script("train_loop.py"), "--steps", "8", "--batch-size", "4", "--sleep-ms", "5",
+                                    "--report", str(cwd / "script_report.json"))
+    assert result.returncode == 0, result
+    return result
+
+
+@pytest.fixture
+def bundle_copy(training_run: Result, tmp_path: Path) -> Path:
+    """A private copy of the shared training run's bundle, for tests that change or break it."""
+    copy = tmp_path / "bundle"
+    shutil.copytree(training_run.run_dir, copy)
+    return copy

@@ -1,0 +1,85 @@
+"""A small training loop whose Dataset sleeps a known time per sample, so every batch's data wait is known.
+
+Options: --steps N (optimizer steps), --batch-size B, --sleep-ms S (per sample), --mode train|infer|explicit,
+--report PATH (writes {"steps": N, "batches": M} when done). `infer` iterates the DataLoader with no
+optimizer; `explicit` uses neither and marks steps with gpudoctor.step().
+"""
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class SleepyData(Dataset):
+    def __init__(self, size: int, sleep_s: float) -> None:
+        self.size, self.sleep_s = size, sleep_s
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int):
+        time.sleep(self.sleep_s)
+        return torch.full((8,), float(index)), index % 2
+
+
+def train(loader: DataLoader, model: nn.Module) -> int:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = 0
+    for inputs, labels in loader:
+        loss = nn.functional.cross_entropy(model(inputs), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        steps += 1
+    return steps
+
+
+def infer(loader: DataLoader, model: nn.Module) -> int:
+    batches = 0
+    with torch.no_grad():
+        for inputs, _ in loader:
+            model(inputs)
+            batches += 1
+    return batches
+
+
+def explicit(steps: int, model: nn.Module) -> int:
+    import gpudoctor
+
+    for _ in range(steps):
+        with torch.no_grad():
+            model(torch.randn(4, 8))
+        time.sleep(0.002)
+        gpudoctor.step()
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--sleep-ms", type=float, default=5.0)
+    parser.add_argument("--mode", choices=["train", "infer", "explicit"], default="train")
+    parser.add_argument("--report")
+    args = parser.parse_args()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    data = SleepyData(args.steps * args.batch_size, args.sleep_ms / 1000)
+    loader = DataLoader(data, batch_size=args.batch_size, num_workers=0)
+    if args.mode == "train":
+        done = train(loader, model)
+    elif args.mode == "infer":
+        done = infer(loader, model)
+    else:
+        done = explicit(args.steps, model)
+    print(f"train_loop: {args.mode} did {done} steps")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump({"steps": done}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""What a profile on the CPU leaves in the run bundle, and how steps are counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import Gpudoctor, Result, script
+from gpudoctor import bundle
+from gpudoctor.analysis import Run
+
+BATCH, SLEEP_S, STEPS = 4, 0.005, 8
+BUNDLE_FILES = ("manifest.json", "events.jsonl", "samples/host.jsonl", "samples/procs.jsonl", "trace.json.gz",
+                "findings.json", "report.html")
+
+
+def test_bundle_has_every_file(training_run: Result) -> None:
+    for name in BUNDLE_FILES:
+        assert (training_run.run_dir / name).is_file(), name
+    assert (training_run.run_dir / "trace.json.gz").stat().st_size > 0
+    assert not list(training_run.run_dir.glob("*.tmp")) and not list(training_run.run_dir.glob("*partial*"))
+
+
+def test_bundle_loads(training_run: Result) -> None:
+    loaded = bundle.load(training_run.run_dir)
+    assert loaded.manifest["schema_version"] == bundle.SCHEMA_VERSION
+    assert loaded.trace_path == training_run.run_dir / "trace.json.gz"
+    run = Run.from_bundle(training_run.run_dir)
+    assert run.trace is not None and sorted(run.trace.steps)  # ProfilerStep# annotations were recorded
+    assert run.loader.main is not None and run.loader.main.batch_size == BATCH and run.loader.main.num_workers == 0
+
+
+def test_one_step_event_per_optimizer_step(training_run: Result) -> None:
+    done = json.loads((training_run.run_dir.parent / "script_report.json").read_text())["steps"]
+    steps = training_run.events("step")
+    assert done == STEPS
+    assert [e["step"] for e in steps] == list(range(STEPS))
+    assert {e["source"] for e in steps} == {"optimizer"}
+    assert training_run.manifest()["exit"]["steps"] == STEPS
+    run = Run.from_bundle(training_run.run_dir)
+    assert len(run.all_steps) == STEPS
+    assert [s.window for s in run.steps] == ["active", "active"]  # --active-steps 2
+
+
+def test_data_wait_matches_the_datasets_sleep(training_run: Result) -> None:
+    expected = BATCH * SLEEP_S
+    for step in Run.from_bundle(training_run.run_dir).all_steps:
+        assert 0.9 * expected <= step.data_wait_s < 0.5, step
+        assert step.data_wait_s <= step.wall_s
+
+
+def test_host_sampled_at_least_ten_times_a_second(training_run: Result) -> None:
+    manifest = training_run.manifest()
+    times = [s["t"] for s in bundle.read_jsonl(training_run.run_dir / "samples" / "host.jsonl")]
+    span = times[-1] - times[0]
+    assert len(times) >= 10 * span, (len(times), span)
+    assert span >= 0.8 * manifest["duration_s"] - 0.2, (span, manifest["duration_s"])
+    assert manifest["collectors"]["host"]["ok"] is True
+    assert manifest["collectors"]["host"]["samples"] == len(times)
+    procs = list(bundle.read_jsonl(training_run.run_dir / "samples" / "procs.jsonl"))
+    script_pid = manifest["child"]["process"]["pid"]
+    assert any(p["pid"] == script_pid for s in procs for p in s["procs"])
+
+
+def _nvml_works() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount() > 0
+    except Exception:
+        return False
+
+
+def test_gpu_samples_only_when_nvml_works_never_zeros_in_their_place(training_run: Result) -> None:
+    manifest = training_run.manifest()
+    nvml = manifest["collectors"]["nvml"]
+    if _nvml_works():  # a machine with a GPU
+        assert nvml["ok"] is True and manifest["gpus"]
+        assert (training_run.run_dir / "samples" / "gpu.jsonl").is_file()
+        return
+    assert nvml["ok"] is False and nvml["reason"]
+    assert manifest["gpus"] == [] and manifest["driver"] is None
+    assert not (training_run.run_dir / "samples" / "gpu.jsonl").exists()
+    run = Run.from_bundle(training_run.run_dir)
+    assert run.gpu is None and run.samples.gpu == {}
+    assert all(s.gpu_busy_s is None and s.gpu_idle_s is None for s in run.all_steps)
+    findings = training_run.findings()
+    assert findings["summary"]["gpu_idle_share"] is None
+    assert findings["run"]["gpus"] == []
+    assert f"not measured: GPU samples (NVML): {nvml['reason']}" in training_run.stderr
+
+
+def test_manifest_describes_the_run(training_run: Result) -> None:
+    manifest = training_run.manifest()
+    assert manifest["status"] == "finished"
+    assert manifest["target"]["script"] == script("train_loop.py")
+    assert manifest["target"]["args"][:2] == ["--steps", "8"]
+    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2}
+    assert manifest["exit"] == {**manifest["exit"], "ending": "completed", "status": 0, "returncode": 0}
+    assert manifest["collectors"]["profiler"] == {"ok": True}
+    assert manifest["child"]["torch"]["version"]
+    gpu_samples = ["samples/gpu.jsonl"] if manifest["collectors"]["nvml"]["ok"] else []
+    assert sorted(manifest["files"]) == sorted([*BUNDLE_FILES[1:5], *gpu_samples])
+
+
+@pytest.mark.parametrize(("mode", "source"), [("train", "optimizer"), ("infer", "dataloader"), ("explicit", "explicit")])
+def test_step_detection(gd: Gpudoctor, mode: str, source: str) -> None:
+    report = gd.cwd / "script_report.json"
+    result = gd.profile(script("train_loop.py"), "--steps", "6", "--sleep-ms", "1", "--mode", mode,
+                        "--report", str(report))
+    assert result.returncode == 0, result
+    assert json.loads(report.read_text())["steps"] == 6
+    steps = result.events("step")
+    assert len(steps) == 6
+    assert {e["source"] for e in steps} == {source}
+    assert [e["source"] for e in result.events("step_source")][-1] == source
+    assert (result.run_dir / "trace.json.gz").is_file()
+
+
+def test_reusing_an_output_directory_replaces_the_previous_run(gd: Gpudoctor) -> None:
+    first = gd.profile(script("train_loop.py"), "--steps", "6", "--sleep-ms", "1")
+    assert first.returncode == 0, first
+    second = gd.profile(script("endings.py"), "nosteps")
+    assert second.returncode == 0, second
+    assert second.run_dir == first.run_dir
+    assert second.events("step") == []
+    assert not (second.run_dir / "trace.json.gz").exists()
+    assert Run.from_bundle(second.run_dir).all_steps == []
+    assert second.findings()["run"]["steps_total"] == 0

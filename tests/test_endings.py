@@ -1,0 +1,236 @@
+"""Every way a profile can end: one `gpudoctor:` sentence, the right exit status, and a report when data exists."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Gpudoctor, Result, env_with, script
+from gpudoctor import bundle
+from gpudoctor.analysis import Run
+
+ENDINGS = script("endings.py")
+
+
+def _line_of(code: str) -> int:
+    """The line number in endings.py of the first line containing `code`."""
+    lines = Path(ENDINGS).read_text().splitlines()
+    return next(number for number, line in enumerate(lines, start=1) if code in line)
+
+
+def _one_sentence(message: str) -> bool:
+    body = message.removeprefix("gpudoctor: ")
+    return message.startswith("gpudoctor: ") and body.endswith(".") and "\n" not in body
+
+
+def _assert_reported(result: Result) -> None:
+    """The bundle loads and the report and findings were written."""
+    assert result.run_dir is not None and (result.run_dir / "report.html").is_file(), result
+    assert (result.run_dir / "findings.json").is_file()
+    assert f"report: {result.run_dir / 'report.html'}" in result.stderr
+    Run.from_bundle(result.run_dir).steps  # noqa: B018 - parses the whole bundle
+
+
+def _assert_nothing_written(gd: Gpudoctor) -> None:
+    assert not (gd.cwd / "run").exists()
+    assert not (gd.cwd / "gpudoctor-runs").exists()
+
+
+# -- the command line is wrong -----------------------------------------------------------------------
+@pytest.mark.parametrize("args", [
+    ("profile",), ("profile", "--max-steps", "0", "x.py"), ("profile", "--fail-on", "bogus", "x.py"), ("analyze",),
+    ("no-such-command",),
+])
+def test_usage_errors(gd: Gpudoctor, args: tuple[str, ...]) -> None:
+    result = gd.run(*args)
+    assert result.returncode == 2, result
+    assert "Error: " in result.stderr and "Usage: " in result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    _assert_nothing_written(gd)
+
+
+# -- the script cannot be run ------------------------------------------------------------------------
+def test_missing_script(gd: Gpudoctor) -> None:
+    result = gd.profile("no_such_script.py")
+    assert result.returncode == 2, result
+    assert result.messages == ["gpudoctor: no_such_script.py does not exist."]
+    _assert_nothing_written(gd)
+
+
+def test_directory_instead_of_script(gd: Gpudoctor) -> None:
+    (gd.cwd / "folder").mkdir()
+    result = gd.profile("folder")
+    assert result.returncode == 2, result
+    assert _one_sentence(result.first_message) and "folder is a directory" in result.first_message
+    _assert_nothing_written(gd)
+
+
+def test_syntax_error(gd: Gpudoctor) -> None:
+    (gd.cwd / "broken.py").write_text("open('ran', 'w').close()\ndef broken(:\n    pass\n")
+    result = gd.profile("broken.py")
+    assert result.returncode == 1, result
+    assert _one_sentence(result.first_message)
+    assert "broken.py is not valid Python" in result.first_message and "line 2" in result.first_message
+    assert not (gd.cwd / "ran").exists()
+    _assert_nothing_written(gd)
+
+
+def test_binary_file(gd: Gpudoctor) -> None:
+    (gd.cwd / "model.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00" + bytes(range(256)))
+    result = gd.profile("model.bin")
+    assert result.returncode == 1, result
+    assert _one_sentence(result.first_message) and "model.bin is not a Python script: it is a binary file" in result.first_message
+    _assert_nothing_written(gd)
+
+
+def test_output_directory_below_a_regular_file(gd: Gpudoctor) -> None:
+    (gd.cwd / "a_file").write_text("")
+    record = gd.cwd / "record.json"
+    result = gd.profile(script("record_launch.py"), out="a_file/run", env=env_with(GD_TEST_RECORD=str(record)))
+    assert result.returncode == 73, result
+    assert _one_sentence(result.first_message) and "a_file/run" in result.first_message
+    assert "--out" in result.first_message
+    assert not record.exists()  # the script did not run
+    assert "record_launch: done" not in result.stdout
+
+
+# -- the script ends badly ---------------------------------------------------------------------------
+def test_script_raises(gd: Gpudoctor) -> None:
+    result = gd.profile(ENDINGS, "raise")
+    assert result.returncode == 1, result
+    assert result.first_message == f"gpudoctor: {ENDINGS} raised RuntimeError: the script failed on purpose"
+    traceback = result.stderr[result.stderr.index("Traceback (most recent call last):"):result.stderr.index("gpudoctor:")]
+    frames = [line for line in traceback.splitlines() if line.startswith("  File ")]
+    # As under plain python: the first frame is the script's top level, every frame is in the script.
+    assert frames[0] == f'  File "{ENDINGS}", line {_line_of("main(sys.argv[1])")}, in <module>'
+    assert all(line.startswith(f'  File "{ENDINGS}"') for line in frames), traceback
+    assert "_bootstrap" not in traceback and "runpy" not in traceback
+    assert "RuntimeError: the script failed on purpose" in traceback
+    exit_info = result.manifest()["exit"]
+    assert exit_info["ending"] == "exception" and exit_info["status"] == 1
+    assert exit_info["exception"]["exception"] == "RuntimeError"
+    assert exit_info["exception"]["where"] == {"file": ENDINGS, "line": _line_of("raise RuntimeError"), "function": "fail"}
+    _assert_reported(result)
+
+
+def test_script_exits_with_a_status(gd: Gpudoctor) -> None:
+    result = gd.profile(ENDINGS, "exit3")
+    assert result.returncode == 3, result
+    assert result.first_message == f"gpudoctor: {ENDINGS} exited with status 3."
+    assert result.manifest()["exit"]["ending"] == "exit"
+    _assert_reported(result)
+
+
+def test_script_killed_by_sigkill(gd: Gpudoctor) -> None:
+    result = gd.profile(ENDINGS, "sigkill")
+    assert result.returncode == 128 + signal.SIGKILL, result
+    assert _one_sentence(result.first_message) and "SIGKILL" in result.first_message
+    manifest = result.manifest()
+    assert manifest["exit"]["ending"] == "signal" and manifest["exit"]["signal"] == "SIGKILL"
+    assert len(list(bundle.read_jsonl(result.run_dir / "samples" / "host.jsonl"))) >= 3
+    assert len(list(bundle.read_jsonl(result.run_dir / "samples" / "procs.jsonl"))) >= 3
+    assert len(result.events("step")) == 4  # written before the kill
+    _assert_reported(result)
+
+
+def test_timeout(gd: Gpudoctor) -> None:
+    started = time.monotonic()
+    result = gd.profile(ENDINGS, "hang", options=("--timeout", "2"))
+    assert result.returncode == 124, result
+    assert time.monotonic() - started < 60
+    assert _one_sentence(result.first_message) and "--timeout 2 s" in result.first_message
+    assert result.manifest()["exit"]["ending"] == "timeout"
+    _assert_reported(result)
+
+
+def _wait_for(path: Path, process, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the script never got going"
+        time.sleep(0.05)
+
+
+def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
+    ready = gd.cwd / "ready"
+    # The script signals readiness at its third step, inside the window, which stays open until the interrupt.
+    process = gd.start("profile", "--out", "run", "--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "1000",
+                       ENDINGS, "loop", env=env_with(GD_TEST_READY=str(ready)))
+    try:
+        _wait_for(ready, process)
+        os.kill(process.pid, signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=90)
+    finally:
+        process.kill()
+    result = Result(process.returncode, stdout, stderr, gd.cwd / "run")
+    assert result.returncode == 130, result
+    assert "KeyboardInterrupt" in result.stderr  # the script itself was interrupted
+    assert _one_sentence(result.first_message) and "interrupted" in result.first_message
+    assert result.manifest()["exit"]["ending"] == "interrupted"
+    assert (result.run_dir / "trace.json.gz").is_file()  # the interrupted window still wrote its trace
+    assert any(e.get("state") == "ended_early" for e in result.events("window"))
+    _assert_reported(result)
+
+
+def test_max_steps_stops_the_script_cleanly(gd: Gpudoctor) -> None:
+    result = gd.profile(ENDINGS, "loop", options=("--max-steps", "3", "--wait-steps", "1", "--warmup-steps", "0",
+                                                  "--active-steps", "5"))
+    assert result.returncode == 0, result
+    assert _one_sentence(result.first_message) and "--max-steps 3" in result.first_message
+    manifest = result.manifest()
+    assert manifest["exit"]["ending"] == "max_steps" and manifest["exit"]["steps"] == 3
+    assert len(result.events("step")) == 3
+    assert (result.run_dir / "trace.json.gz").is_file()
+    _assert_reported(result)
+
+
+def test_script_that_never_steps(gd: Gpudoctor) -> None:
+    result = gd.profile(ENDINGS, "nosteps")
+    assert result.returncode == 0, result
+    assert "endings: 3 without a step" in result.stdout
+    assert result.manifest()["exit"]["ending"] == "completed"
+    profiler = result.manifest()["collectors"]["profiler"]
+    assert profiler["ok"] is False and "no training step was detected" in profiler["reason"]
+    verdict = result.findings()["summary"]["verdict"]
+    assert "No training step was detected" in verdict
+    assert verdict in (result.run_dir / "report.html").read_text()
+    _assert_reported(result)
+
+
+# -- analyze on bad input ----------------------------------------------------------------------------
+def _analyze_fails(gd: Gpudoctor, path: Path, status: int, *expected: str) -> None:
+    result = gd.run("analyze", str(path))
+    assert result.returncode == status, result
+    assert len(result.messages) == 1 and _one_sentence(result.first_message), result
+    for text in expected:
+        assert text in result.first_message, result.first_message
+
+
+def test_analyze_manifest_not_json(gd: Gpudoctor, bundle_copy: Path) -> None:
+    (bundle_copy / "manifest.json").write_text('{"schema_version": 1, ')
+    _analyze_fails(gd, bundle_copy, 65, "manifest.json", "not valid JSON")
+
+
+def test_analyze_unknown_schema_version(gd: Gpudoctor, bundle_copy: Path) -> None:
+    manifest = (bundle_copy / "manifest.json").read_text().replace('"schema_version": 1,', '"schema_version": 99,')
+    (bundle_copy / "manifest.json").write_text(manifest)
+    _analyze_fails(gd, bundle_copy, 65, "schema version 99")
+
+
+def test_analyze_missing_trace(gd: Gpudoctor, bundle_copy: Path) -> None:
+    (bundle_copy / "trace.json.gz").unlink()
+    _analyze_fails(gd, bundle_copy, 65, "trace.json.gz", "missing")
+
+
+def test_analyze_truncated_trace(gd: Gpudoctor, bundle_copy: Path) -> None:
+    trace = bundle_copy / "trace.json.gz"
+    trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
+    _analyze_fails(gd, bundle_copy, 65, "trace.json.gz", "truncated")
+
+
+def test_analyze_path_that_does_not_exist(gd: Gpudoctor) -> None:
+    _analyze_fails(gd, gd.cwd / "nowhere", 66, "nowhere", "does not exist")
