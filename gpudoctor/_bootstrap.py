@@ -83,6 +83,7 @@ def main(argv: list[str]) -> None:
     instrumentation = Instrumentation(recorder)
     instrumentation.install()
     recorder.emit(_process_facts())
+    _finish_on_sigterm(recorder, instrumentation)
     try:
         _run(target_kind, target, args)
     except MaxStepsReached:
@@ -105,6 +106,22 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     else:
         _finish(recorder, instrumentation, "completed")
+
+
+def _finish_on_sigterm(recorder: Recorder, instrumentation: Instrumentation) -> None:
+    """On SIGTERM, write what was recorded (the window's trace too), then die of SIGTERM as python would.
+
+    Nothing is raised into the script: its `finally` blocks do not run, exactly as without gpudoctor.
+    A handler the script installs itself replaces this one.
+    """
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        _finish(recorder, instrumentation, "terminated")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _exit_code(code: object) -> int:

@@ -176,6 +176,24 @@ def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
     _assert_reported(result)
 
 
+def test_sigterm_to_gpudoctor_still_writes_the_window(gd: Gpudoctor) -> None:
+    ready = gd.cwd / "ready"
+    process = gd.start("profile", "--out", "run", "--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "1000",
+                       ENDINGS, "loop", env=env_with(GD_TEST_READY=str(ready)))
+    try:
+        _wait_for(ready, process)
+        os.kill(process.pid, signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=90)
+    finally:
+        process.kill()
+    result = Result(process.returncode, stdout, stderr, gd.cwd / "run")
+    assert result.returncode == 128 + signal.SIGTERM, result
+    assert _one_sentence(result.first_message) and "SIGTERM" in result.first_message
+    assert result.manifest()["exit"]["ending"] == "signal"
+    assert (result.run_dir / "trace.json.gz").is_file()  # written before the script died of SIGTERM
+    _assert_reported(result)
+
+
 def test_max_steps_stops_the_script_cleanly(gd: Gpudoctor) -> None:
     result = gd.profile(ENDINGS, "loop", options=("--max-steps", "3", "--wait-steps", "1", "--warmup-steps", "0",
                                                   "--active-steps", "5"))
