@@ -115,32 +115,33 @@ def _stall_share(run: Run, wall: float, steps: int) -> float | None:
 
 
 @rule("GD211", "sync-in-step", category="sync_point")
-def sync_in_step(run: Run, min_share: float = 0.02) -> Iterator[Finding]:
+def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0.01) -> Iterator[Finding]:
     """A call in the step makes the host wait for the GPU: `.item()`, `print(tensor)`, `synchronize()`, ...
 
-    What it detects: synchronizing calls on CUDA tensors from one line whose host time blocked is at least
-    `min_share` of the step, ranked by that time. Reads `.item()`, `.tolist()`, `bool()`, `float()`,
-    `int()`, printing a CUDA tensor, `torch.cuda.synchronize()` and `torch.cuda.empty_cache()`.
+    What it detects: synchronizing calls on CUDA tensors from one line, made at least
+    `min_calls_per_step` times per step, whose cost is at least `min_share` of the step; one finding per
+    line, ranked by the host time it blocked. Reads `.item()`, `.tolist()`, `bool()`, `float()`, `int()`,
+    printing a CUDA tensor, `torch.cuda.synchronize()` and `torch.cuda.empty_cache()`.
 
     Why it matters: the host stops launching work until the GPU has drained its queue; after the call
     the GPU idles while the host launches again. Several per step add up.
 
     Impact: the GPU idle time in the trace that overlaps synchronizing CUDA calls, shared among the
-    call sites by their blocked time.
+    lines by their number of calls: each sync costs one drain-and-refill of the GPU's queue. With no GPU
+    timeline, the host time blocked is the cost.
     """
     steps, wall = _per_step(run)
     sites: list[SyncSite] = run.syncs
-    total_blocked = sum(s.host_s for s in sites) or 1.0
+    calls = sum(s.count for s in sites) or 1
     stall = _stall_share(run, wall, steps)
     for site in sites:
-        share = site.host_s / steps / wall
-        if share < min_share:
+        blocked = site.host_s / steps / wall
+        impact = blocked if stall is None else stall * site.count / calls
+        if site.count / steps < min_calls_per_step or max(impact, blocked) < min_share:
             continue
-        impact = None if stall is None else stall * site.host_s / total_blocked
         yield Finding(
-            f"{_call_name(site.kind)} blocks the host {share:.0%} of each step waiting for the GPU",
-            impact=impact, impact_reason=None if stall is not None else "no GPU timeline in this run",
-            location=site.location, count=site.count,
+            f"{_call_name(site.kind)} makes the host wait for the GPU {site.count / steps:.0f}× per step",
+            impact=impact, location=site.location, count=site.count,
             evidence={"calls per step": round(site.count / steps, 1),
                       "host blocked per step": (round(site.host_s / steps * 1e3, 2), "ms"),
                       "longest wait": (round(site.max_s * 1e3, 2), "ms")},

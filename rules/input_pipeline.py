@@ -25,6 +25,17 @@ def _wait_share(run: Run) -> tuple[float, float, float]:
     return wait, wall, wait / wall if wall > 0 else 0.0
 
 
+def _compute_s(run: Run, wall: float, wait: float) -> float:
+    """Time a step needs once data is ready: the host's own work, or the GPU's, whichever is longer.
+
+    GPU work launched in one step runs while the host waits for the next batch, so the GPU's busy time
+    (from the trace) is the better measure when there is one.
+    """
+    host = max(wall - wait, 1e-6)
+    busy = [s.gpu_busy_s for s in run.steps if s.gpu_busy_s is not None]
+    return max(host, statistics.fmean(busy)) if busy else host
+
+
 def _workers(run: Run) -> list[ProcessInfo]:
     """The loader's worker processes: children of the script's main process."""
     main = next((p for p in run.processes if p.role == "main"), None)
@@ -72,7 +83,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15) -> Iterator[F
     wait, wall, share = _wait_share(run)
     if share < min_wait_share:
         return
-    compute = max(wall - wait, 1e-6)
+    compute = _compute_s(run, wall, wait)
     workers = _suggested_workers(wait, compute, run.env.cores)
     fixed = max(compute, wait / workers)
     yield Finding(
@@ -109,7 +120,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     cores = run.env.cores or 1
     if worker_cores < busy_worker_cores or loader.num_workers + 1 >= cores:
         return
-    compute = max(wall - wait, 1e-6)
+    compute = _compute_s(run, wall, wait)
     batch_s = wall * loader.num_workers  # starved, the loader delivers a batch every step
     suggested = _suggested_workers(batch_s, compute, cores)
     if suggested <= loader.num_workers:
@@ -125,11 +136,13 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
 
 
 @rule("GD103", "loader-cpu-bound", category="data_starvation")
-def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: float = 0.85) -> Iterator[Finding]:
+def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: float = 0.85,
+                     min_own_share: float = 0.5) -> Iterator[Finding]:
     """The DataLoader's workers use every core and still cannot keep up: per-sample work is too heavy.
 
     What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data,
-    and the host's cores are at least `busy_host_share` busy, so more workers cannot help.
+    the host's cores are at least `busy_host_share` busy, and the script's own processes use at least
+    `min_own_share` of that CPU (otherwise other programs are the cause: see GD504).
 
     Why it matters: the CPU, not the GPU, sets the pace of training.
 
@@ -142,8 +155,11 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     wait, wall, share = _wait_share(run)
     host = run.require_host_samples().host
     cores = run.env.cores or 1
-    busy = statistics.fmean(p.values["busy_cores"] for p in host) / cores
-    if share < min_wait_share or busy < busy_host_share:
+    busy_cores = statistics.fmean(p.values["busy_cores"] for p in host)
+    own = [p.values["tree_cores"] for p in host if p.values.get("tree_cores") is not None]
+    own_share = statistics.fmean(own) / busy_cores if own and busy_cores else 1.0
+    busy = busy_cores / cores
+    if share < min_wait_share or busy < busy_host_share or own_share < min_own_share:
         return
     yield Finding(
         f"The host's CPUs are {busy:.0%} busy and the step still waits {share:.0%} of its time for data",

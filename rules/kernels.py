@@ -9,13 +9,14 @@ from gpudoctor import Finding, Run, rule
 
 
 @rule("GD301", "launch-bound-steps", category="small_batch")
-def launch_bound_steps(run: Run, max_busy_share: float = 0.6, max_median_kernel_us: float = 30.0,
+def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_us: float = 20.0,
                        max_wait_share: float = 0.1) -> Iterator[Finding]:
     """Steps are launch-bound: many tiny kernels, and the GPU finishes each before the next is launched.
 
-    What it detects: the GPU is busy less than `max_busy_share` of the step, its kernels are short
-    (median under `max_median_kernel_us` µs), and the step is not waiting on data (under
-    `max_wait_share`) — so the host's kernel launches set the pace.
+    What it detects: the GPU is busy less than `max_busy_share` of the step (not counting idle time
+    that synchronizing calls explain: see GD211), its kernels are short (median under
+    `max_median_kernel_us` µs), the step is not waiting on data (under `max_wait_share`), and one
+    thread launches the work (several threads point to GD501) — so the host's launches set the pace.
 
     Why it matters: each kernel launch costs the host a few microseconds; when a kernel runs for less
     than that, the GPU idles between kernels. Small batches are the usual cause.
@@ -30,8 +31,12 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.6, max_median_kernel_
     wall = sum(s.wall_s for s in steps)
     busy = sum(s.gpu_busy_s or 0.0 for s in steps) / wall
     wait = sum(s.data_wait_s for s in steps) / wall
+    stalled = (run.sync_stall_s or 0.0) / wall
     kernels = [k for s in steps for k in gpu.kernels_in(s.start, s.end)]
-    if not kernels or busy >= max_busy_share or wait >= max_wait_share:
+    main = next((p for p in run.processes if p.role == "main"), None)
+    if main is not None and main.busy_threads > 1:
+        return
+    if not kernels or busy + stalled >= max_busy_share or wait >= max_wait_share:
         return
     median_us = statistics.median(k.dur for k in kernels) * 1e6
     if median_us >= max_median_kernel_us:
@@ -47,7 +52,7 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.6, max_median_kernel_
     grow = f" to about {batch * scale}" if batch and scale and scale > 1 else ""
     yield Finding(
         f"Launch-bound steps: the GPU is idle {1 - busy:.0%} of each step between {round(median_us)} µs kernels",
-        impact=1 - busy, location=loader.location if loader else None, evidence=evidence,
+        impact=1 - busy - stalled, location=loader.location if loader else None, evidence=evidence,
         fix=f"raise the batch size{grow} (memory allows it), or wrap the model in torch.compile(model) to fuse kernels",
     )
 

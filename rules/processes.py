@@ -59,18 +59,23 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
 
 
 CUDA_FORK_ERROR = "Cannot re-initialize CUDA in forked subprocess"
+# A DataLoader worker runs two threads of its own (its loop and the one reading its queue), measured
+# in every recorded fixture whose workers keep one intra-op thread (threads_max == 3 with the pool's).
+WORKER_BASE_THREADS = 2
 
 
 @rule("GD502", "fork-after-cuda-init", category="fork_after_cuda")
 def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
     """A process was forked after CUDA was initialized.
 
-    What it detects: `fork()` (multiprocessing's fork start method, or DataLoader workers started with
-    it) after the training process initialized CUDA, and runs that crashed with "Cannot re-initialize
-    CUDA in forked subprocess".
+    What it detects: `fork()` — multiprocessing's fork start method, or DataLoader workers started with
+    it — after the training process initialized CUDA, and runs that crashed with "Cannot re-initialize
+    CUDA in forked subprocess". A crash is critical; a fork outside the DataLoader is a warning;
+    DataLoader workers forked after CUDA init are only noted (info): PyTorch supports them as long as
+    the dataset never touches CUDA.
 
     Why it matters: CUDA does not survive fork. A child that touches CUDA crashes; one that does not
-    works only by luck, and any library call that initializes CUDA breaks it later.
+    works only while no library call in it initializes CUDA.
 
     Fix: `multiprocessing.set_start_method("spawn")` (or "forkserver") before creating processes, or
     `DataLoader(..., multiprocessing_context="spawn", persistent_workers=True)`.
@@ -79,15 +84,19 @@ def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
     forks = [f for f in run.forks if f.cuda_initialized]
     if not forks and not crashed:
         return
-    first = forks[0] if forks else None
-    loader_forks = sum(1 for f in forks if f.dataloader_worker)
+    own = [f for f in forks if not f.dataloader_worker]
+    first = (own or forks or [None])[0]
+    severity = "critical" if crashed else "warning" if own else "info"
+    if crashed:
+        title = "The script crashed: a forked process tried to use CUDA"
+    elif own:
+        title = f"{len(own)} processes forked after CUDA was initialized"
+    else:
+        title = f"{len(forks)} DataLoader workers forked after CUDA was initialized"
     yield Finding(
-        "The script crashed: a forked process tried to use CUDA" if crashed else
-        f"{len(forks)} processes forked after CUDA was initialized",
-        impact=None, impact_reason="a correctness risk, not a cost in step time",
-        severity="critical" if crashed else "warning",
+        title, impact=None, impact_reason="a correctness risk, not a cost in step time", severity=severity,
         location=(first.location if first else None) or run.exit.location, count=max(1, len(forks)),
-        evidence={"forks after CUDA init": len(forks), "of them DataLoader workers": loader_forks,
+        evidence={"forks after CUDA init": len(forks), "of them DataLoader workers": len(forks) - len(own),
                   "start method": first.start_method if first else None, "crashed": crashed},
         fix='DataLoader(..., multiprocessing_context="spawn", persistent_workers=True), or '
             'multiprocessing.set_start_method("spawn") before starting processes',
@@ -95,34 +104,38 @@ def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
 
 
 @rule("GD503", "cpu-oversubscription", category="cpu_oversubscription")
-def cpu_oversubscription(run: Run, max_threads_per_core: float = 1.5, min_invol_switches_per_s: float = 200.0) -> Iterator[Finding]:
-    """More busy threads than cores: loader workers × intra-op threads (× ranks) exceed the CPU.
+def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_share: float = 0.5) -> Iterator[Finding]:
+    """More runnable threads than cores: loader workers × intra-op threads (× ranks) exceed the CPU.
 
-    What it detects: the script's processes run more threads than `max_threads_per_core` times the
-    cores available to them, and the OS preempts them (at least `min_invol_switches_per_s` involuntary
-    context switches per second across the tree).
+    What it detects: the script's compute threads — the training process's intra-op threads plus, for
+    each child process, the threads beyond the two every DataLoader worker has — outnumber the cores
+    available by more than `max_demand_per_core`, while the CPU is in use (the tree uses at least
+    `min_busy_share` of the cores, or the load average exceeds the cores).
 
-    Why it matters: threads that outnumber cores time-slice; OpenMP thread pools spin and wait for each
-    other, and every worker runs slower than with fewer threads.
+    Why it matters: threads that outnumber cores time-slice; OpenMP pools spin and wait for each other,
+    and every worker runs slower than it would with fewer threads.
 
     Fix: one intra-op thread per loader worker (`worker_init_fn=lambda _: torch.set_num_threads(1)`),
     and `torch.set_num_threads(cores // ranks)` in the training process.
     """
     processes = run.require_processes()
+    samples = run.require_host_samples().host
     cores = run.env.cores or 1
-    busy_threads = sum(p.busy_threads for p in processes)
-    switches = sum(p.ctx_invol_per_s or 0.0 for p in processes)
-    if busy_threads <= max_threads_per_core * cores or switches < min_invol_switches_per_s:
+    children = [p for p in processes if p.role == "child"]
+    demand = (run.env.intra_op_threads or 1) + sum(max(1, p.threads_max - WORKER_BASE_THREADS) for p in children)
+    tree = statistics.fmean(p.values["tree_cores"] or 0.0 for p in samples)
+    load = max((p.values.get("load1") or 0.0) for p in samples)
+    if demand <= max_demand_per_core * cores or (tree < min_busy_share * cores and load <= cores):
         return
-    workers = [p for p in processes if p.role == "child"]
     loader = run.loader.main
     yield Finding(
-        f"{busy_threads} busy threads compete for {cores} cores",
+        f"{demand} compute threads compete for {cores} cores",
         impact=_host_bound_share(run), impact_reason="no step data to estimate from",
         location=loader.location if loader else None,
-        evidence={"busy threads": busy_threads, "cores available": cores,
-                  "involuntary context switches": (round(switches), "per s"),
-                  "worker processes": len(workers), "intra-op threads (main)": run.env.intra_op_threads},
+        evidence={"compute threads": demand, "cores available": cores, "child processes": len(children),
+                  "threads per child (max)": max((p.threads_max for p in children), default=0),
+                  "intra-op threads (main)": run.env.intra_op_threads, "load average": round(load, 1),
+                  "CPU used by the job": (round(tree, 1), "cores")},
         fix="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1)) and "
             f"torch.set_num_threads({max(1, cores // 2)}) in the training process",
     )

@@ -108,6 +108,8 @@ class Recorder:
         self._window_listeners: list[Callable[[bool], None]] = []
         self.current = self._new_step()
         self._stopping = False
+        nvtx_ok = self.markers.nvtx_status == "ok"
+        self.emit({"kind": "collector", "name": "nvtx", "ok": nvtx_ok, "reason": None if nvtx_ok else self.markers.nvtx_status})
 
     # -- events ----------------------------------------------------------------------------------
     def emit(self, event: dict[str, Any]) -> None:
