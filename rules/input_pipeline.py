@@ -18,8 +18,10 @@ def _loader(run: Run) -> LoaderInfo:
 
 
 def _wait_share(run: Run) -> tuple[float, float, float]:
-    """Mean data wait per step, mean step wall time, and the wait's share of the step."""
-    steps = run.require_steps()
+    """Mean data wait per step, mean step wall time, and the wait's share of the step, over every step
+    after start-up (data wait is measured at each step, not only in the window)."""
+    run.require_steps()
+    steps = run.steady_steps
     wait = statistics.fmean(s.data_wait_s for s in steps)
     wall = statistics.fmean(s.wall_s for s in steps)
     return wait, wall, wait / wall if wall > 0 else 0.0

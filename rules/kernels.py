@@ -52,7 +52,8 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     grow = f" to about {batch * scale}" if batch and scale and scale > 1 else ""
     yield Finding(
         f"Launch-bound steps: the GPU is idle {1 - busy:.0%} of each step between {round(median_us)} µs kernels",
-        impact=1 - busy - stalled, location=loader.location if loader else None, evidence=evidence,
+        impact=1 - busy - stalled, location=(loader.location if loader else None) or run.forward_location,
+        evidence=evidence,
         fix=f"raise the batch size{grow} (memory allows it), or wrap the model in torch.compile(model) to fuse kernels",
     )
 

@@ -88,6 +88,18 @@ class Run:
         wait = int(self.manifest.get("window", {}).get("wait", 0))
         return steps[wait:] if len(steps) > wait else steps
 
+    @cached_property
+    def steady_steps(self) -> list[Step]:
+        """Every step after start-up (the window's `wait`), inside the window or not.
+
+        Data wait and wall time are measured at every step, so figures built from them alone should use
+        these: a loader with many workers starves in bursts, one long wait every `num_workers` steps,
+        which a short window can miss.
+        """
+        steps = self.all_steps
+        wait = int(self.manifest.get("window", {}).get("wait", 0))
+        return steps[wait:] if len(steps) > wait else steps
+
     @property
     def wall_s(self) -> float:
         """Wall time of the analysed steps."""
@@ -241,6 +253,11 @@ class Run:
         return [ThreadInfo(e.get("name", ""), e.get("target"), e.get("module"), bool(e.get("daemon")),
                            Location.from_dict(e.get("site")))
                 for e in self.events("thread_start")]
+
+    @cached_property
+    def forward_location(self) -> Location | None:
+        """Where the script calls its model (the first top-level module call seen in the window)."""
+        return next((Location.from_dict(e.get("site")) for e in self.events("forward_site")), None)
 
     @property
     def user_threads(self) -> list[ThreadInfo]:

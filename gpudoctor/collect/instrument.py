@@ -171,10 +171,17 @@ class Instrumentation:
 
         recorder, markers, local = self.recorder, self.recorder.markers, self._local
 
+        sites_seen: set[tuple[str, int]] = set()
+
         def pre(mod: Any, args: Any) -> None:
             depth = getattr(local, "depth", 0)
             if depth == 0:
                 local.forward = (markers.begin("forward"), perf_counter())
+                site = user_location()
+                key = (site["file"], site["line"]) if site else ("", 0)
+                if key not in sites_seen:  # where the model is called: once per line
+                    sites_seen.add(key)
+                    recorder.emit({"kind": "forward_site", "module": type(mod).__qualname__, "site": site})
             local.depth = depth + 1
 
         def post(mod: Any, args: Any, output: Any) -> None:
