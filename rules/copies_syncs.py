@@ -126,6 +126,11 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     Why it matters: the host stops launching work until the GPU has drained its queue; after the call
     the GPU idles while the host launches again. Several per step add up.
 
+    Example: `running_loss += loss.item()` and `print(f"loss {loss}")` in every step.
+
+    Fix: keep values on the GPU (`running = running + loss.detach()`) and read them once every N steps;
+    drop `torch.cuda.synchronize()` and `empty_cache()` from the step.
+
     Impact: the GPU idle time in the trace that overlaps synchronizing CUDA calls, shared among the
     lines by their number of calls: each sync costs one drain-and-refill of the GPU's queue. With no GPU
     timeline, the host time blocked is the cost.

@@ -1,0 +1,152 @@
+"""Edge cases of the built-in rules on bundles built in code: the boundaries of each threshold, missing
+data (not evaluated, never "passed"), and what no recording machine can show safely (a swapping host)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudoctor.analysis import NotEvaluated
+from gpudoctor.testing import BundleBuilder, assert_fires, assert_not_evaluated, assert_silent, run_rule
+
+GiB = 1024 ** 3
+MB = 1024 ** 2
+
+
+def starved(tmp_path, *, workers: int = 0, wait: float = 0.06, cores: int = 8) -> BundleBuilder:
+    b = BundleBuilder(tmp_path)
+    b.env(cores=cores)
+    b.loader(num_workers=workers, batch_size=32, site=("train.py", 41, "main"))
+    b.steps(6, wall_s=0.1, data_wait_s=wait, gpu_busy_s=0.03)
+    return b
+
+
+def test_loader_in_main_process_suggests_workers_from_the_cores(tmp_path) -> None:
+    findings = assert_fires("GD101", starved(tmp_path, cores=8).build(), count=1, location="train.py:41")
+    assert "num_workers=" in findings[0]["fix"] and "train.py:41" in findings[0]["fix"]
+    # load 60 ms over 2+ workers hides behind 40 ms of compute: the step shrinks to max(40 ms, 60/k ms)
+    assert findings[0]["impact"] == pytest.approx(0.6, abs=0.02)
+
+
+def test_loader_in_main_process_is_silent_below_its_threshold(tmp_path) -> None:
+    assert_silent("GD101", starved(tmp_path, wait=0.01).build())
+
+
+def test_loader_rules_are_not_evaluated_without_a_loader(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.1)
+    assert_not_evaluated("GD101", b.build(), "no DataLoader")
+
+
+def test_too_few_workers_needs_busy_workers_and_spare_cores(tmp_path) -> None:
+    b = starved(tmp_path / "busy", workers=2, wait=0.07, cores=16)
+    b.workers(2, cores=1.0)
+    b.host_samples()
+    assert_fires("GD102", b.build(), count=1)
+    idle = starved(tmp_path / "idle", workers=2, wait=0.07, cores=16)
+    idle.workers(2, cores=0.1)  # workers that wait on storage, not on the CPU
+    idle.host_samples()
+    assert_silent("GD102", idle.build())
+
+
+def test_cpu_bound_loader_is_told_apart_from_other_programs(tmp_path) -> None:
+    own = starved(tmp_path / "own", workers=8, wait=0.07, cores=8)
+    own.workers(8, cores=0.85)  # with the main process: 7.8 of 8 cores
+    own.host_samples()
+    assert_fires("GD103", own.build(), count=1)
+    others = starved(tmp_path / "others", workers=8, wait=0.07, cores=8)
+    others.workers(8, cores=0.2)  # with the main process: 2.6 cores
+    others.host_samples(other_cores=5.3)
+    assert_silent("GD103", others.build())
+    assert_fires("GD504", others.build(), count=1)
+
+
+def test_host_swapping_is_critical(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.1)
+    b.process(1.0)
+    b.host_samples(swap_in_bps=40 * MB, swap_out_bps=10 * MB)
+    findings = assert_fires("GD401", b.build(), count=1, severity="critical")
+    assert findings[0]["impact"] is None and findings[0]["impact_reason"]
+
+
+def test_nearly_full_host_memory_warns(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.env(memory_total=64 * GiB)
+    b.steps(5, wall_s=0.1)
+    b.host_samples(mem_available=1 * GiB)
+    assert_fires("GD401", b.build(), count=1, severity="warning", title="nearly full")
+
+
+def test_healthy_host_memory_is_silent(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.1)
+    b.host_samples()
+    assert_silent("GD401", b.build())
+
+
+def test_gil_rule_is_silent_on_free_threaded_python(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.env(gil_enabled=False)
+    b.thread("feeder-1")
+    b.thread("feeder-2")
+    b.steps(5, wall_s=0.1, gil=0.004)
+    b.process(1.0, thread_cores=[0.5, 0.5])
+    assert_silent("GD501", b.build())
+
+
+def test_gil_contention_fires_with_busy_threads_and_a_late_probe(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.thread("feeder-1", site=("train.py", 30, "main"))
+    b.thread("feeder-2", site=("train.py", 30, "main"))
+    b.steps(5, wall_s=0.1, gil=0.004)
+    b.process(1.0, thread_cores=[0.5, 0.45])
+    findings = assert_fires("GD501", b.build(), count=1, location="train.py:30")
+    assert findings[0]["impact"] is None  # no GPU timeline: the cost is not guessed
+
+
+def test_a_fork_crash_is_critical_even_without_a_fork_event(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(3, wall_s=0.1)
+    b.exit("exception", 1, exception="RuntimeError", where=("train.py", 12, "main"),
+           message="Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, ...")
+    assert_fires("GD502", b.build(), count=1, severity="critical", location="train.py:12")
+
+
+def test_dataloader_forks_after_cuda_init_are_only_noted(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(3, wall_s=0.1)
+    b.fork(cuda_initialized=True, dataloader_worker=True)
+    b.fork(cuda_initialized=True, dataloader_worker=True)
+    assert_fires("GD502", b.build(), count=1, severity="info")
+
+
+def test_forks_before_cuda_init_are_fine(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(3, wall_s=0.1)
+    b.fork(cuda_initialized=False, dataloader_worker=False)
+    assert_silent("GD502", b.build())
+
+
+def test_launch_bound_rule_needs_a_gpu_timeline(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.01)
+    b.without_trace("the profiler could not start")
+    with pytest.raises(NotEvaluated, match="no profiler trace"):
+        run_rule("GD301", b.build())
+
+
+def test_launch_bound_steps_fire_on_tiny_kernels(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.01, gpu_busy_s=0.003, kernels=200)
+    findings = assert_fires("GD301", b.build(), count=1)
+    assert findings[0]["impact"] == pytest.approx(0.7, abs=0.03)
+
+
+def test_sync_cost_without_a_gpu_timeline_is_the_blocked_time(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.1)
+    for step in range(5):
+        b.sync("item", host_s=0.01, count=2, step=step, site=("train.py", 58, "train_step"))
+    b.without_trace()
+    findings = assert_fires("GD211", b.build(), count=1, location="train.py:58")
+    assert findings[0]["impact"] == pytest.approx(0.1, abs=0.01)
