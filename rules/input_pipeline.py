@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis.views import LoaderInfo, ProcessInfo
@@ -17,14 +18,34 @@ def _loader(run: Run) -> LoaderInfo:
     return loader
 
 
-def _wait_share(run: Run) -> tuple[float, float, float]:
-    """Mean data wait per step, mean step wall time, and the wait's share of the step, over every step
-    after start-up (data wait is measured at each step, not only in the window)."""
+@dataclass(frozen=True)
+class Starvation:
+    """Data wait over every step after start-up (it is measured at each step, not only in the window)."""
+
+    wait_s: float  # mean per step
+    wall_s: float  # mean per step
+    starved_steps: int  # steps that waited more than half their time
+    steps: int
+
+    @property
+    def share(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    def starving(self, min_wait_share: float, min_starved_steps: float) -> bool:
+        """On average, or in enough single steps that an average would hide them (3 long waits in 30 steps)."""
+        return self.share >= min_wait_share or self.starved_steps >= max(2.0, min_starved_steps * self.steps)
+
+    def evidence(self) -> dict[str, object]:
+        return {"data wait per step": (round(self.wait_s * 1e3, 2), "ms"),
+                "step time": (round(self.wall_s * 1e3, 2), "ms"),
+                "steps waiting over half their time": f"{self.starved_steps} of {self.steps}"}
+
+
+def _starvation(run: Run) -> Starvation:
     run.require_steps()
     steps = run.steady_steps
-    wait = statistics.fmean(s.data_wait_s for s in steps)
-    wall = statistics.fmean(s.wall_s for s in steps)
-    return wait, wall, wait / wall if wall > 0 else 0.0
+    return Starvation(statistics.fmean(s.data_wait_s for s in steps), statistics.fmean(s.wall_s for s in steps),
+                      sum(1 for s in steps if s.wall_s > 0 and s.data_wait_s / s.wall_s > 0.5), len(steps))
 
 
 def _compute_s(run: Run, wall: float, wait: float) -> float:
@@ -63,11 +84,11 @@ def _severity(share: float) -> str:
 
 
 @rule("GD101", "loader-in-main-process", category="data_starvation")
-def loader_in_main_process(run: Run, min_wait_share: float = 0.15) -> Iterator[Finding]:
+def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader loads every batch in the training process, and each step waits for it.
 
     What it detects: `num_workers=0` while the step spends at least `min_wait_share` of its time waiting
-    for the next batch.
+    for the next batch, or at least `min_starved_steps` of the steps wait more than half their time.
 
     Why it matters: with no workers, loading and augmenting a batch runs between steps on the same
     thread that launches GPU work, so the GPU idles for the whole load.
@@ -82,27 +103,29 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15) -> Iterator[F
     loader = _loader(run)
     if loader.num_workers != 0:
         return
-    wait, wall, share = _wait_share(run)
-    if share < min_wait_share:
+    starved = _starvation(run)
+    if not starved.starving(min_wait_share, min_starved_steps):
         return
+    wait, wall, share = starved.wait_s, starved.wall_s, starved.share
     compute = _compute_s(run, wall, wait)
     workers = _suggested_workers(wait, compute, run.env.cores)
     fixed = max(compute, wait / workers)
     yield Finding(
         f"The step waits {share:.0%} of its time for the DataLoader, which loads in the main process",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
-        evidence={"data wait per step": (round(wait * 1e3, 2), "ms"), "step time": (round(wall * 1e3, 2), "ms"),
-                  "num_workers": 0, "batch size": loader.batch_size, "cores available": run.env.cores},
+        evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size,
+                  "cores available": run.env.cores},
         fix=_loader_fix(loader, workers),
     )
 
 
 @rule("GD102", "loader-workers-too-few", category="data_starvation")
-def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_cores: float = 0.7) -> Iterator[Finding]:
+def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_cores: float = 0.7,
+                           min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader has workers, but too few to keep up, and the host has cores to spare.
 
-    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data,
-    the workers are CPU-busy (at least `busy_worker_cores` of a core each) and the process may use more
+    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data
+    (or at least `min_starved_steps` of the steps wait more than half their time), the workers are CPU-busy (at least `busy_worker_cores` of a core each) and the process may use more
     cores than it has workers.
 
     Why it matters: each worker makes one batch at a time; when a batch takes longer to make than the
@@ -114,9 +137,10 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     loader = _loader(run)
     if loader.num_workers == 0:
         return
-    wait, wall, share = _wait_share(run)
+    starved = _starvation(run)
+    wait, wall, share = starved.wait_s, starved.wall_s, starved.share
     workers = _workers(run)
-    if share < min_wait_share or not workers:
+    if not starved.starving(min_wait_share, min_starved_steps) or not workers:
         return
     worker_cores = statistics.fmean(p.cpu_mean for p in workers)
     cores = run.env.cores or 1
@@ -131,7 +155,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     yield Finding(
         f"{loader.num_workers} DataLoader workers cannot keep up: the step waits {share:.0%} of its time for data",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
-        evidence={"data wait per step": (round(wait * 1e3, 2), "ms"), "num_workers": loader.num_workers,
+        evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), "cores available": cores},
         fix=_loader_fix(loader, suggested),
     )
@@ -139,11 +163,11 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
 
 @rule("GD103", "loader-cpu-bound", category="data_starvation")
 def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: float = 0.85,
-                     min_own_share: float = 0.5) -> Iterator[Finding]:
+                     min_own_share: float = 0.5, min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader's workers use every core and still cannot keep up: per-sample work is too heavy.
 
-    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data,
-    the host's cores are at least `busy_host_share` busy, and the script's own processes use at least
+    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data
+    (or at least `min_starved_steps` of the steps wait more than half their time), the host's cores are at least `busy_host_share` busy, and the script's own processes use at least
     `min_own_share` of that CPU (otherwise other programs are the cause: see GD504).
 
     Why it matters: the CPU, not the GPU, sets the pace of training.
@@ -154,19 +178,20 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     loader = _loader(run)
     if loader.num_workers == 0:
         return
-    wait, wall, share = _wait_share(run)
+    starved = _starvation(run)
+    wait, share = starved.wait_s, starved.share
     host = run.require_host_samples().host
     cores = run.env.cores or 1
     busy_cores = statistics.fmean(p.values["busy_cores"] for p in host)
     own = [p.values["tree_cores"] for p in host if p.values.get("tree_cores") is not None]
     own_share = statistics.fmean(own) / busy_cores if own and busy_cores else 1.0
     busy = busy_cores / cores
-    if share < min_wait_share or busy < busy_host_share or own_share < min_own_share:
+    if not starved.starving(min_wait_share, min_starved_steps) or busy < busy_host_share or own_share < min_own_share:
         return
     yield Finding(
         f"The host's CPUs are {busy:.0%} busy and the step still waits {share:.0%} of its time for data",
         impact=share, location=loader.location, severity=_severity(share),
-        evidence={"data wait per step": (round(wait * 1e3, 2), "ms"), "host CPU busy": (round(busy * 100), "%"),
+        evidence={**starved.evidence(), "host CPU busy": (round(busy * 100), "%"),
                   "num_workers": loader.num_workers, "cores available": cores},
         fix="make __getitem__ cheaper: preprocess once ahead of time, or move augmentation to the GPU after the copy",
     )

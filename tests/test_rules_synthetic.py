@@ -150,3 +150,12 @@ def test_sync_cost_without_a_gpu_timeline_is_the_blocked_time(tmp_path) -> None:
     b.without_trace()
     findings = assert_fires("GD211", b.build(), count=1, location="train.py:58")
     assert findings[0]["impact"] == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_few_long_waits_are_not_averaged_away(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.loader(num_workers=0, batch_size=32, site=("train.py", 41, "main"))
+    for index in range(30):
+        b.step(wall_s=0.1, data_wait_s=0.08 if index % 10 == 0 else 0.0, gpu_busy_s=0.09)
+    findings = assert_fires("GD101", b.build(), count=1)  # 3 of 30 steps: 8% on average, under 15%
+    assert {"name": "steps waiting over half their time", "value": "3 of 30", "unit": None} in findings[0]["evidence"]
