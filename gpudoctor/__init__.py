@@ -1,8 +1,9 @@
 """gpudoctor: find out why a PyTorch script leaves its GPU idle, and what to change.
 
-The public API for rule authors is `rule`, `Finding` and `Run` (and the view types in
-`gpudoctor.analysis.views`); a training loop with neither an optimizer nor a DataLoader marks its steps
-with `gpudoctor.step()`. Importing gpudoctor is cheap: the rest loads on first use.
+The public API for rule authors is `rule`, `Finding`, `Run` and `NotEvaluated` (and the view types that
+`Run` returns, importable from `gpudoctor.analysis`); `gpudoctor.testing` tests a rule. A training loop
+with neither an optimizer nor a DataLoader marks its steps with `gpudoctor.step()`. Importing gpudoctor is
+cheap: the rest loads on first use.
 """
 
 from __future__ import annotations

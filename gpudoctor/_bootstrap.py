@@ -14,6 +14,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 import types
 from types import TracebackType
@@ -149,5 +150,5 @@ def _process_facts() -> dict[str, Any]:
         "implementation": platform.python_implementation(), "executable": sys.executable,
         "gil_enabled": gil() if gil else True, "cpu_count": os.cpu_count(), "affinity": affinity,
         "start_method": multiprocessing.get_start_method(allow_none=True),
-        "switch_interval_s": sys.getswitchinterval(),
+        "switch_interval_s": sys.getswitchinterval(), "main_native_id": threading.get_native_id(),
     }

@@ -15,12 +15,14 @@ from typer.core import TyperCommand, TyperOption
 
 from gpudoctor import __version__
 from gpudoctor.collect.config import WindowConfig
-from gpudoctor.diagnose import PreparedRules, RuleSelection, diagnose, open_run, prepare_rules, write_outputs
+from gpudoctor.diagnose import (
+    PreparedRules, RuleSelection, diagnose, load_project_rules, open_run, prepare_rules, write_outputs,
+)
 from gpudoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, GpudoctorError, InputNotFoundError
-from gpudoctor.engine import SEVERITIES
+from gpudoctor.engine import CATEGORIES, SEVERITIES
 from gpudoctor.launcher import ProfileRequest, profile as run_profile
-from gpudoctor.loading import load_rules
 from gpudoctor.report.render import to_text
+from gpudoctor.scaffold import DEFAULT_NAME, new_rule
 
 # Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
 _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
@@ -29,7 +31,7 @@ app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
     help="Find out why a PyTorch script leaves its GPU idle, and what to change.",
 )
-rules_app = typer.Typer(no_args_is_help=True, help="List and explain the rules.")
+rules_app = typer.Typer(no_args_is_help=True, help="List, explain and start rules.")
 app.add_typer(rules_app, name="rules")
 
 RulesOption = Annotated[Optional[list[str]], typer.Option("--rules", help="A rule file, directory of them, or module (repeatable).")]
@@ -156,23 +158,44 @@ def analyze(
 
 @rules_app.command("list")
 def rules_list(rules: RulesOption = None) -> None:
-    """List every rule: code, name, category and where it comes from."""
-    for r in load_rules(rules or ()):
-        print(f"{r.code:<9} {r.name:<34} {r.category:<22} {r.source}")
+    """List every rule: code, name, category and where it comes from (built-in, package:, file:, module:)."""
+    project = load_project_rules(rules or ())
+    selected = {r.code for r in project.selected(RuleSelection())}
+    for r in sorted(project.rules, key=lambda r: (r.source != "built-in", r.code)):
+        off = "" if r.code in selected else "  (off: [tool.gpudoctor] select/ignore)"
+        print(f"{r.code:<9} {r.name:<34} {r.category:<22} {r.source}{off}")
 
 
 @rules_app.command("explain")
 def rules_explain(code: str, rules: RulesOption = None) -> None:
-    """Show a rule's documentation."""
-    found = [r for r in load_rules(rules or ()) if r.code == code.upper() or code in (r.name, *r.aliases)]
+    """Show a rule's documentation, its options with their defaults, and the values pyproject.toml sets."""
+    project = load_project_rules(rules or ())
+    found = [r for r in project.rules if r.code == code.upper() or code in (r.name, *r.aliases)]
     if not found:
         raise InputNotFoundError(f"no rule has the code or name {code!r}; `gpudoctor rules list` shows them all.")
     r = found[0]
-    print(f"{r.code} {r.name} ({r.category}, {r.severity})\n\n{r.doc}")
+    print(f"{r.code} {r.name} ({r.category}, {r.severity}) from {r.source}\n\n{r.doc}")
     if r.options:
-        print("\nOptions:")
+        print("\nOptions (default):")
+        project_sets = project.options.get(r.code, {})
         for name, default in r.options.items():
-            print(f"  {name} = {default!r}")
+            note = f"  # {project.config.source} sets {project_sets[name]!r}" if name in project_sets else ""
+            print(f"  {name} = {default!r}{note}")
+
+
+@rules_app.command("new")
+def rules_new(
+    code: Annotated[str, typer.Argument(help="The rule's code: your team's prefix and three digits, e.g. ACME101.")],
+    name: Annotated[str, typer.Option("--name", help="The rule's kebab-case name.")] = DEFAULT_NAME,
+    category: Annotated[str, typer.Option("--category", help=f"One of: {', '.join(CATEGORIES)}.")] = "data_starvation",
+    directory: Annotated[Path, typer.Option("--dir", help="Where to write the rule and its test.")] = Path("."),
+) -> None:
+    """Write a starter rule, DIR/<code>.py, and its test, DIR/test_<code>.py."""
+    rule_file, test_file = new_rule(code, name, category, directory)
+    print(f"wrote {rule_file} and {test_file}\n"
+          f"  list it:  gpudoctor rules list --rules {rule_file}\n"
+          f"  test it:  python -m pytest {test_file}\n"
+          f"  run it:   gpudoctor analyze RUN_DIR --rules {rule_file}")
 
 
 def _version(value: bool) -> None:

@@ -79,19 +79,43 @@ def parse_cli_options(items: list[str]) -> dict[str, dict[str, str]]:
 
 
 def _convert(value: Any, default: Any, where: str) -> Any:
-    if not isinstance(value, str) or isinstance(default, str):
-        if isinstance(default, bool) != isinstance(value, bool) or (
-                isinstance(default, (int, float)) and not isinstance(value, (int, float))):
-            raise RuleLoadError(f"{where}: expects a value like {default!r}, got {value!r}.")
-        return float(value) if isinstance(default, float) else value
+    """`value` (from TOML, or a string from the command line) as the type of the option's default."""
     try:
-        if isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(value)
-            return value.lower() in ("true", "1")
-        return type(default)(value) if default is not None else value
-    except ValueError:
-        raise RuleLoadError(f"{where}: expects a value like {default!r}, got {value!r}.") from None
+        if isinstance(value, str) and not isinstance(default, str):
+            return _parse(value, default)
+        return _coerce(value, default)
+    except (TypeError, ValueError, OverflowError):
+        kind = type(default).__name__
+        raise RuleLoadError(f"{where}: expects {'an' if kind[0] in 'aeiou' else 'a'} {kind} like {default!r}, "
+                            f"got {value!r}.") from None
+
+
+def _parse(text: str, default: Any) -> Any:
+    """A command-line value: true/false for a flag, comma-separated items for a list or tuple."""
+    if isinstance(default, bool):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(text)
+        return text.lower() in ("true", "1")
+    if isinstance(default, (list, tuple)):
+        return type(default)(item.strip() for item in text.split(",") if item.strip())
+    return type(default)(text) if default is not None else text
+
+
+def _coerce(value: Any, default: Any) -> Any:
+    """A TOML value: an int where a float is expected is fine, a float with a fraction where an int is, not."""
+    if default is None:
+        return value
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(value)
+        if isinstance(default, int) and value != int(value):
+            raise ValueError(value)
+        return type(default)(value)
+    if isinstance(default, (list, tuple)) and isinstance(value, (list, tuple)):
+        return type(default)(value)
+    if type(value) is not type(default):
+        raise TypeError(value)
+    return value
 
 
 def resolve_options(rules: list[Rule], *layers: tuple[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -102,10 +126,12 @@ def resolve_options(rules: list[Rule], *layers: tuple[str, dict[str, dict[str, A
         for code, values in layer.items():
             r = by_code.get(code)
             if r is None:
-                raise RuleLoadError(f"{origin}: sets options for rule {code}, but no loaded rule has that code.")
+                raise RuleLoadError(f"{origin}: sets options for rule {code}, but no loaded rule has that code; fix the "
+                                    "code, or load the rule with --rules or [tool.gpudoctor] rules.")
             for name, value in values.items():
                 if name not in r.options:
                     known = ", ".join(r.options) or "none"
-                    raise RuleLoadError(f"{origin}: rule {code} ({r.name}) has no option '{name}'; its options: {known}.")
+                    raise RuleLoadError(f"{origin}: rule {code} ({r.name}, from {r.source}) has no option '{name}'; "
+                                        f"use one of its options: {known}.")
                 merged.setdefault(code, {})[name] = _convert(value, r.options[name], f"{origin}: {code}.{name}")
     return merged

@@ -9,7 +9,7 @@ from typing import Any
 
 from gpudoctor.analysis import Run
 from gpudoctor.bundle import FINDINGS, REPORT
-from gpudoctor.config import load_project_config, parse_cli_options, resolve_options
+from gpudoctor.config import ProjectConfig, load_project_config, parse_cli_options, resolve_options
 from gpudoctor.engine import Rule, run_rules
 from gpudoctor.errors import OutputNotWritableError
 from gpudoctor.loading import load_rules, select_rules
@@ -33,14 +33,31 @@ class PreparedRules:
     options: dict[str, dict[str, Any]]
 
 
+@dataclass
+class ProjectRules:
+    """Every rule loaded for a project (built-in, packages, pyproject.toml, --rules) and the options it sets."""
+
+    config: ProjectConfig
+    rules: list[Rule]
+    options: dict[str, dict[str, Any]]  # from pyproject.toml only
+
+    def selected(self, selection: RuleSelection) -> list[Rule]:
+        return select_rules(self.rules, selection.select or self.config.select, [*self.config.ignore, *selection.ignore])
+
+
+def load_project_rules(paths: Iterable[str] = (), project_dir: Path | None = None) -> ProjectRules:
+    """Load and check the rules that pyproject.toml names and `paths` add, and the options it sets."""
+    project = load_project_config(project_dir)
+    loaded = load_rules([*project.rule_paths, *paths])
+    return ProjectRules(project, loaded, resolve_options(loaded, (str(project.source), project.options)))
+
+
 def prepare_rules(selection: RuleSelection, project_dir: Path | None = None) -> PreparedRules:
     """Load, check and select the rules before anything runs, so a bad rule file fails fast."""
-    project = load_project_config(project_dir)
-    loaded = load_rules([*project.rule_paths, *selection.paths])
-    options = resolve_options(loaded, (str(project.source), project.options),
+    project = load_project_rules(selection.paths, project_dir)
+    options = resolve_options(project.rules, (str(project.config.source), project.options),
                               ("--rule-option", parse_cli_options(list(selection.options))))
-    chosen = select_rules(loaded, selection.select or project.select, [*project.ignore, *selection.ignore])
-    return PreparedRules(chosen, options)
+    return PreparedRules(project.selected(selection), options)
 
 
 def open_run(path: Path) -> Run:

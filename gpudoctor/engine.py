@@ -182,7 +182,11 @@ def run_rules(run: Run, rules: Iterable[Rule], options: dict[str, dict[str, Any]
 
 
 def _call(r: Rule, run: Run, overrides: dict[str, Any]) -> Iterator[Finding]:
-    for item in r.func(run, **{**r.options, **overrides}) or ():
+    produced = r.func(run, **{**r.options, **overrides})
+    if isinstance(produced, Finding):
+        raise TypeError(f"rule {r.code} returned a Finding; yield it (or return a list of Findings)")
+    for item in produced or ():
         if not isinstance(item, Finding):
-            raise TypeError(f"rule {r.code} yielded {type(item).__name__}, not a Finding")
+            raise TypeError(f"rule {r.code} yielded {type(item).__name__}, not a Finding: "
+                            "yield gpudoctor.Finding(title, impact=..., location=...)")
         yield item

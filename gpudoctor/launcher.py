@@ -266,6 +266,7 @@ def _final_fields(run_dir: Path, manifest: dict[str, Any], facts: dict[str, Any]
     collectors = dict(manifest["collectors"])
     collectors.update(facts.pop("collectors", {}))
     collectors.setdefault("profiler", _profiler_status(run_dir, end, facts))
+    collectors.setdefault("cuda_trace", _cuda_trace_status(facts))
     files = [name for name in (EVENTS, TRACE) if (run_dir / name).is_file()]
     files += [f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values() if (run_dir / SAMPLES_DIR / f).is_file()]
     return {
@@ -281,6 +282,18 @@ def _final_fields(run_dir: Path, manifest: dict[str, Any], facts: dict[str, Any]
         "collectors": collectors,
         "files": files,
     }
+
+
+def _cuda_trace_status(facts: dict[str, Any]) -> dict[str, Any]:
+    """Whether the window recorded GPU activity, and if not, why."""
+    opened = [e for e in facts.get("window_events", []) if e.get("state") == "opened"]
+    if opened and opened[-1].get("cuda"):
+        return {"ok": True}
+    if facts.get("torch", {}).get("cuda_built") is False:
+        return {"ok": False, "reason": "this torch is built without CUDA"}
+    if not opened:
+        return {"ok": False, "reason": "no profiling window was opened"}
+    return {"ok": False, "reason": "the script had not initialized CUDA when the profiling window opened"}
 
 
 def _profiler_status(run_dir: Path, end: dict[str, Any] | None, facts: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+import traceback
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -31,8 +33,18 @@ def _import_file(path: Path, namespace: str) -> ModuleType:
         raise
     except Exception as exc:
         del sys.modules[name]
-        raise RuleLoadError(f"{path}: failed to import: {type(exc).__name__}: {exc}. Fix the file or leave it out of --rules.") from None
+        raise RuleLoadError(f"{_failed_at(exc, path)}: failed to import: {type(exc).__name__}: {exc}. Fix the file, "
+                            "or leave it out of --rules and of [tool.gpudoctor] in pyproject.toml.") from None
     return module
+
+
+def _failed_at(exc: Exception, path: Path) -> str:
+    """`path:line` of the line in the rule file that raised, when the traceback reaches the file."""
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return f"{path}:{exc.lineno}"
+    target = os.path.realpath(path)
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if os.path.realpath(f.filename) == target]
+    return f"{path}:{lines[-1]}" if lines else str(path)
 
 
 def rules_in(module: ModuleType) -> list[Rule]:
@@ -48,21 +60,24 @@ def builtin_rules() -> list[Rule]:
     return sorted(found, key=lambda r: r.code)
 
 
-def _rules_from_spec(spec: str) -> tuple[list[Rule], str]:
-    """`spec` is a .py file, a directory of them, or an importable module name."""
+def _file_rules(path: Path) -> list[Rule]:
+    return [r.with_source(f"file:{path}") for r in rules_in(_import_file(path, "gpudoctor_user_rules"))]
+
+
+def _rules_from_spec(spec: str) -> list[Rule]:
+    """`spec` is a .py file, a directory of them, or an importable module name; each rule carries its source."""
     path = Path(spec)
     if path.is_dir():
-        found = [r for p in _python_files(path) for r in rules_in(_import_file(p, "gpudoctor_user_rules"))]
-        return found, f"file:{path}"
+        return [r for p in _python_files(path) for r in _file_rules(p)]
     if path.suffix == ".py" or path.exists():
         if not path.is_file():
             raise RuleLoadError(f"{spec}: no such rule file or directory.")
-        return rules_in(_import_file(path, "gpudoctor_user_rules")), f"file:{path}"
+        return _file_rules(path)
     try:
         module = importlib.import_module(spec)
     except ImportError as exc:
         raise RuleLoadError(f"{spec}: not a file, directory or importable module ({exc}).") from None
-    return rules_in(module), f"module:{spec}"
+    return [r.with_source(f"module:{spec}") for r in rules_in(module)]
 
 
 def _package_rules() -> list[Rule]:
@@ -73,8 +88,15 @@ def _package_rules() -> list[Rule]:
         except Exception as exc:
             raise RuleLoadError(f"entry point {ep.name} ({ep.value}) in group {ENTRY_POINT_GROUP} failed to load: {exc}.") from None
         items = rules_in(loaded) if isinstance(loaded, ModuleType) else loaded if isinstance(loaded, list) else [loaded]
-        found += [r.with_source(f"package:{ep.value}") for r in items if isinstance(r, Rule)]
+        dist = getattr(ep, "dist", None)
+        source = f"package:{dist.name if dist else ep.value}"
+        found += [r.with_source(source) for r in items if isinstance(r, Rule)]
     return found
+
+
+def _defined_at(r: Rule) -> tuple[str, int]:
+    code = r.func.__code__
+    return os.path.realpath(code.co_filename), code.co_firstlineno
 
 
 def load_rules(specs: Iterable[str] = (), *, builtins: bool = True, packages: bool = True) -> list[Rule]:
@@ -82,21 +104,21 @@ def load_rules(specs: Iterable[str] = (), *, builtins: bool = True, packages: bo
     rules = builtin_rules() if builtins else []
     custom = _package_rules() if packages else []
     for spec in specs:
-        found, source = _rules_from_spec(spec)
+        found = _rules_from_spec(spec)
         if not found:
             raise RuleLoadError(f"{spec}: defines no rules; decorate a function with @gpudoctor.rule(...).")
-        custom += [r.with_source(source) for r in found]
+        custom += found
     for r in custom:
         if r.code.startswith(BUILTIN_PREFIX):
             raise RuleLoadError(f"{r.source}: rule {r.code} ({r.name}) uses the prefix GD, which is reserved for "
                                 "gpudoctor's built-in rules; give your team's rules their own prefix, e.g. ACME101.")
     seen: dict[str, Rule] = {}
     for r in rules + custom:
-        if r.code in seen:
+        if r.code in seen and _defined_at(r) != _defined_at(seen[r.code]):
             raise RuleLoadError(f"{r.source}: rule code {r.code} ({r.name}) is already used by {seen[r.code].name} "
                                 f"from {seen[r.code].source}; give one of them another code.")
-        seen[r.code] = r
-    return rules + custom
+        seen.setdefault(r.code, r)  # a file named twice (pyproject.toml and --rules) is loaded once
+    return list(seen.values())
 
 
 def select_rules(rules: list[Rule], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[Rule]:

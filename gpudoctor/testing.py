@@ -241,10 +241,13 @@ class BundleBuilder:
         return self
 
     def thread(self, name: str = "Thread-1", target: str | None = "worker", *, module: str | None = "__main__",
-               daemon: bool = False, site: Site = _SITE_DEFAULT) -> BundleBuilder:
-        """A thread the script started (module "torch..." or "multiprocessing..." marks a library's thread)."""
+               daemon: bool = False, site: Site = _SITE_DEFAULT, native_id: int | None = None) -> BundleBuilder:
+        """A thread the script started (module "torch..." or "multiprocessing..." marks a library's thread).
+
+        `native_id` is its OS thread id: in the main process's samples (see `process`), thread i of
+        `thread_cores` has id `pid * 100 + i` (thread 0, the main thread, has id `pid`)."""
         self._threads.append({"kind": "thread_start", "name": name, "daemon": daemon, "target": target,
-                              "module": module, "site": self._site(site, "thread")})
+                              "module": module, "site": self._site(site, "thread"), "native_id": native_id})
         return self
 
     def exit(self, ending: str = "completed", status: int = 0, *, exception: str | None = None,
@@ -486,7 +489,7 @@ class BundleBuilder:
         return {"kind": "process", "pid": self.pid, "python": e["python"], "implementation": "CPython",
                 "executable": "/usr/bin/python3", "gil_enabled": e["gil_enabled"], "cpu_count": self._cpu_count,
                 "affinity": self._affinity, "start_method": e["start_method"],
-                "switch_interval_s": e["switch_interval_s"]}
+                "switch_interval_s": e["switch_interval_s"], "main_native_id": self.pid}
 
     def _torch_facts(self) -> dict[str, Any]:
         e = self._env

@@ -41,15 +41,17 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     threads = run.user_threads
     switch = float(run.manifest.get("child", {}).get("process", {}).get("switch_interval_s") or 0.005)
     delay = statistics.fmean(g.mean_s for g in gil)
-    if main.busy_threads < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
+    python_ids = run.python_thread_ids  # intra-op and CUDA threads run without the GIL: only Python's count
+    busy = main.busy_among(python_ids) if python_ids is not None else main.busy_threads
+    if busy < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
         return
     idle = _gpu_idle_share(run)
     site = threads[0].location if threads else None
     yield Finding(
-        f"{main.busy_threads} busy Python threads share one GIL: the process runs on {main.cpu_mean:.1f} cores",
+        f"{busy} busy Python threads share one GIL: the process runs on {main.cpu_mean:.1f} cores",
         impact=idle, impact_reason=None if idle is not None else "no GPU timeline in this run to measure the idle time",
         location=site, count=len(threads),
-        evidence={"busy threads": main.busy_threads, "threads started by the script": len(threads),
+        evidence={"busy Python threads": busy, "threads started by the script": len(threads),
                   "process CPU": (round(main.cpu_mean, 2), "cores"),
                   "GIL probe wake-up delay": (round(delay * 1e3, 2), "ms"),
                   "GPU idle": (round(idle * 100), "%") if idle is not None else None},

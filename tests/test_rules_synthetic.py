@@ -96,12 +96,19 @@ def test_gil_rule_is_silent_on_free_threaded_python(tmp_path) -> None:
 
 def test_gil_contention_fires_with_busy_threads_and_a_late_probe(tmp_path) -> None:
     b = BundleBuilder(tmp_path)
-    b.thread("feeder-1", site=("train.py", 30, "main"))
-    b.thread("feeder-2", site=("train.py", 30, "main"))
+    b.thread("feeder-1", site=("train.py", 30, "main"), native_id=b.pid * 100 + 1)
+    b.thread("feeder-2", site=("train.py", 30, "main"), native_id=b.pid * 100 + 2)
     b.steps(5, wall_s=0.1, gil=0.004)
-    b.process(1.0, thread_cores=[0.5, 0.45])
+    b.process(1.0, thread_cores=[0.1, 0.45, 0.45])
     findings = assert_fires("GD501", b.build(), count=1, location="train.py:30")
     assert findings[0]["impact"] is None  # no GPU timeline: the cost is not guessed
+
+
+def test_busy_threads_outside_python_are_not_gil_contention(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)  # the main thread and an intra-op thread busy: the GIL is not shared
+    b.steps(5, wall_s=0.1, gil=0.004)
+    b.process(1.0, thread_cores=[0.5, 0.45])
+    assert_silent("GD501", b.build())
 
 
 def test_a_fork_crash_is_critical_even_without_a_fork_event(tmp_path) -> None:

@@ -1,5 +1,18 @@
-"""Analysis: a run bundle parsed once into typed, cached views (see `Run`)."""
+"""Analysis: a run bundle parsed once into typed, cached views (see `Run`).
 
+A rule reads `Run` and the view types re-exported here (`from gpudoctor.analysis import Step, LoaderInfo`);
+most are defined in `gpudoctor.analysis.views`.
+"""
+
+from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.run import NotEvaluated, Run
+from gpudoctor.analysis.trace import GpuOp
+from gpudoctor.analysis.views import (
+    CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
+    Step, SyncSite, ThreadInfo,
+)
 
-__all__ = ["NotEvaluated", "Run"]
+__all__ = [
+    "CopySite", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo", "LoaderView", "Location",
+    "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite", "ThreadInfo",
+]

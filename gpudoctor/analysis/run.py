@@ -251,8 +251,17 @@ class Run:
     @cached_property
     def threads(self) -> list[ThreadInfo]:
         return [ThreadInfo(e.get("name", ""), e.get("target"), e.get("module"), bool(e.get("daemon")),
-                           Location.from_dict(e.get("site")))
+                           Location.from_dict(e.get("site")), e.get("native_id"))
                 for e in self.events("thread_start")]
+
+    @property
+    def python_thread_ids(self) -> set[int] | None:
+        """OS ids of the script's Python threads (the main one and those it started), or None for a
+        bundle that did not record them."""
+        main = self.manifest.get("child", {}).get("process", {}).get("main_native_id")
+        if main is None:
+            return None
+        return {int(main)} | {t.native_id for t in self.threads if t.native_id is not None}
 
     @cached_property
     def forward_location(self) -> Location | None:

@@ -21,6 +21,8 @@ GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "mem
 
 @dataclass(frozen=True, slots=True)
 class GpuOp:
+    """One kernel, memcpy or memset on a GPU stream, from the trace (times in seconds since the epoch)."""
+
     kind: str  # kernel | memcpy | memset
     name: str
     start: float

@@ -87,6 +87,8 @@ class LoaderInfo:
 
 @dataclass(frozen=True)
 class LoaderView:
+    """The DataLoaders the script iterated, in the order it first iterated them."""
+
     loaders: list[LoaderInfo]
 
     @property
@@ -126,11 +128,14 @@ class SyncSite:
 
 @dataclass(frozen=True)
 class ThreadInfo:
+    """A thread the script (or a library it uses) started, and where."""
+
     name: str
     target: str | None
     module: str | None  # the module of the thread's target function
     daemon: bool
     location: Location | None
+    native_id: int | None = None  # the OS thread id, as in the process samples' per-thread CPU
 
     @property
     def is_library(self) -> bool:
@@ -140,6 +145,8 @@ class ThreadInfo:
 
 @dataclass(frozen=True)
 class ForkInfo:
+    """A fork of the script's process (DataLoader workers, a fork-context Pool, os.fork) and where."""
+
     time: float
     cuda_initialized: bool
     start_method: str | None
@@ -164,12 +171,18 @@ class ProcessInfo:
 
     @property
     def busy_threads(self) -> int:
-        """Threads using at least a fifth of a core."""
+        """Threads using at least a fifth of a core (OS threads: intra-op pools and CUDA's included)."""
         return sum(1 for cores in self.thread_cores.values() if cores >= 0.2)
+
+    def busy_among(self, thread_ids: set[int]) -> int:
+        """How many of the given OS threads use at least a fifth of a core."""
+        return sum(1 for tid, cores in self.thread_cores.items() if cores >= 0.2 and int(tid) in thread_ids)
 
 
 @dataclass(frozen=True)
 class SeriesPoint:
+    """One sample of a time series: its time (seconds since the epoch) and its values by name."""
+
     t: float
     values: dict[str, float | None]
 
@@ -206,6 +219,8 @@ class Env:
 
 @dataclass(frozen=True)
 class Exit:
+    """How the script ended: completed, exit, exception, signal, timeout, interrupted, max_steps or no_start."""
+
     ending: str
     status: int | None
     exception: str | None

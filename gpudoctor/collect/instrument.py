@@ -64,15 +64,18 @@ class Instrumentation:
 
         def make(original: Any) -> Any:
             def start(thread: threading.Thread) -> None:
-                if not thread.name.startswith("gpudoctor-"):
-                    target = getattr(thread, "_target", None)
-                    recorder.emit({
-                        "kind": "thread_start", "name": thread.name, "daemon": thread.daemon,
-                        "target": getattr(target, "__qualname__", type(target).__name__ if target else None),
-                        "module": getattr(target, "__module__", None),
-                        "site": user_location(),
-                    })
-                original(thread)
+                if thread.name.startswith("gpudoctor-"):
+                    original(thread)
+                    return
+                target = getattr(thread, "_target", None)
+                site = user_location()
+                original(thread)  # returns once the thread runs, so its native id is known
+                recorder.emit({
+                    "kind": "thread_start", "name": thread.name, "daemon": thread.daemon,
+                    "native_id": getattr(thread, "native_id", None),
+                    "target": getattr(target, "__qualname__", type(target).__name__ if target else None),
+                    "module": getattr(target, "__module__", None), "site": site,
+                })
 
             return start
 

@@ -14,7 +14,7 @@ from gpudoctor.engine import EngineResult
 PHASES = ("data_wait", "copy", "forward", "backward", "optimizer", "sync", "other")
 COLLECTOR_LABELS = {
     "host": "host and process samples", "nvml": "GPU samples (NVML)", "profiler": "profiler trace",
-    "nvtx": "NVTX ranges for Nsight Systems",
+    "nvtx": "NVTX ranges for Nsight Systems", "cuda_trace": "GPU activity in the trace",
 }
 
 
