@@ -79,7 +79,8 @@ def test_the_threshold_is_an_option(tmp_path):
 
 def _check(code: str, name: str, category: str) -> None:
     if not CODE_PATTERN.match(code):
-        raise RuleLoadError(f"rule code '{code}' is malformed: use a prefix of capital letters and three digits, e.g. ACME101.")
+        raise RuleLoadError(f"rule code '{code}' is malformed: use a prefix of capital letters and three digits, "
+                            "e.g. ACME101.")
     if code.startswith(BUILTIN_PREFIX):
         raise RuleLoadError(f"rule code {code} uses the prefix GD, which is reserved for gpudoctor's built-in rules; "
                             "give your team's rules their own prefix, e.g. ACME101.")
