@@ -361,7 +361,8 @@ def _host_series(host: list[dict[str, Any]], procs: list[dict[str, Any]]) -> lis
             busy = sum(sample.get("cpu_pct", [])) / 100.0
             tree_cores = None
             if tree is not None and prev_tree is not None and dt > 0:
-                tree_cores = sum(max(0.0, cpu - prev_tree.get(pid, cpu)) for pid, cpu in tree.items()) / dt
+                # A process new since the last sample (a fresh worker) started with no CPU time of its own.
+                tree_cores = sum(max(0.0, cpu - prev_tree.get(pid, 0.0)) for pid, cpu in tree.items()) / dt
             points.append(SeriesPoint(sample["t"], {
                 "busy_cores": busy, "tree_cores": tree_cores,
                 "other_cores": max(0.0, busy - tree_cores) if tree_cores is not None else None,
