@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
+from gpudoctor.analysis import intervals
 from gpudoctor.analysis.views import CopySite, SyncSite
 
 MB = 1024 * 1024
@@ -175,3 +176,47 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
 def _call_name(kind: str) -> str:
     return {"synchronize": "torch.cuda.synchronize()", "empty_cache": "torch.cuda.empty_cache()",
             "print": "Printing a CUDA tensor", "bool": "bool() of a CUDA tensor"}.get(kind, f".{kind}()")
+
+
+@rule("GD204", "copy-not-overlapped", category="blocking_copy", severity="info")
+def copy_not_overlapped(run: Run, min_share: float = 0.05, max_overlapped: float = 0.2) -> Iterator[Finding]:
+    """Host-to-device copies sit on the GPU's critical path: no compute runs while they do.
+
+    What it detects: host-to-device copies (in the trace) that take at least `min_share` of the step on
+    the GPU, with less than `max_overlapped` of their time overlapping a kernel: each batch is copied
+    only when the step needs it, so the SMs wait for the copy engine.
+
+    Why it matters: the copy engine can move the next batch while the SMs compute this one; copied just
+    in time, the transfer adds to every step instead of hiding behind it.
+
+    Example: `x = batch.to("cuda", non_blocking=True)` right before `model(x)`, with nothing in flight.
+
+    Fix: prefetch: issue the copy of batch N+1 on a side `torch.cuda.Stream` before step N's forward (and
+    `wait_stream` before using it), or use a prefetching loader wrapper that keeps one batch on the GPU.
+
+    Impact: the copy time no kernel overlaps, up to the step's compute time it could hide behind.
+    """
+    gpu = run.require_gpu()
+    steps = [s for s in run.require_steps() if s.gpu_busy_s is not None]
+    copies = [op for op in gpu.memcpys if "HtoD" in op.name]
+    if not steps or not copies:
+        return
+    wall = sum(s.wall_s for s in steps)
+    kernels = intervals.union((k.start, k.end) for k in gpu.kernels)
+    spans = intervals.union((c.start, c.end) for c in copies)
+    copy_s = sum(intervals.covered(spans, s.start, s.end) for s in steps)
+    overlapped = sum(intervals.covered(kernels, lo, hi) for s in steps for lo, hi in intervals.clip(spans, s.start, s.end))
+    exposed = copy_s - overlapped
+    if copy_s <= 0 or exposed / wall < min_share or overlapped / copy_s > max_overlapped:
+        return
+    compute = sum(s.gpu_compute_s or 0.0 for s in steps)
+    site = next((c for c in run.copies if c.direction == "h2d"), None)
+    yield Finding(
+        f"Host-to-device copies take {exposed / wall:.0%} of the step with no compute beside them",
+        impact=min(exposed, compute) / wall, location=site.location if site else None,
+        evidence={"copy time per step": (round(copy_s / len(steps) * 1e3, 2), "ms"),
+                  "overlapped with kernels": (round(100 * overlapped / copy_s), "%"),
+                  "kernel time per step": (round(compute / len(steps) * 1e3, 2), "ms")},
+        fix="prefetch the next batch: copy it with non_blocking=True on a side torch.cuda.Stream while this step "
+            "computes, then torch.cuda.current_stream().wait_stream(side) before using it",
+    )
