@@ -39,10 +39,36 @@ SelectOption = Annotated[Optional[list[str]], typer.Option("--select", help="Run
 IgnoreOption = Annotated[Optional[list[str]], typer.Option("--ignore", help="Skip rules whose code starts with this (repeatable).")]
 RuleOptionOption = Annotated[Optional[list[str]], typer.Option("--rule-option", help="Set a rule option: CODE.option=value (repeatable).")]
 FailOnOption = Annotated[Optional[str], typer.Option("--fail-on", help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
+FormatOption = Annotated[Optional[list[str]], typer.Option(
+    "--format", help="text (the summary, on stderr), json (findings.json), html (report.html): repeatable or "
+                     "comma-separated. Default: all three.")]
+FORMATS = ("text", "json", "html")
+EXIT_STATUS_HELP = """
+
+\b
+Exit status:
+  0    no --fail-on threshold met (or none given)
+  10   --fail-on SEVERITY: a finding is at least that severe
+  2    bad usage, a rule file that cannot be used, a script not found
+  65   a run bundle or trace that cannot be read; 66 a path that does not exist
+  70   a bug in gpudoctor; 73 the output directory cannot be written"""
+PROFILE_HELP = ("Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report. While it runs, "
+                "a status line on the terminal (only when stderr is one) shows the steps seen and the profiling window."
+                + EXIT_STATUS_HELP.replace("Exit status:", "Exit status (the script's own when it fails, a signal N as 128+N):")
+                + "\n  124  --timeout stopped the script")
+ANALYZE_HELP = "Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere." + EXIT_STATUS_HELP
 
 
 def _say(message: str) -> None:
     print(f"gpudoctor: {message}", file=sys.stderr)
+
+
+def _formats(values: list[str] | None) -> tuple[str, ...]:
+    chosen = [v.strip().lower() for value in values or FORMATS for v in value.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in FORMATS]
+    if unknown or not chosen:
+        raise typer.BadParameter(f"--format takes {', '.join(FORMATS)} (repeatable or comma-separated), not {', '.join(unknown) or 'nothing'}.")
+    return tuple(dict.fromkeys(chosen))
 
 
 def _check_fail_on(fail_on: str | None) -> None:
@@ -80,7 +106,7 @@ class _ProfileCommand(TyperCommand):
         return super().parse_args(ctx, _end_options_after_module(args, takes_value))
 
 
-@app.command(cls=_ProfileCommand,
+@app.command(cls=_ProfileCommand, help=PROFILE_HELP,
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
 def profile(
     ctx: typer.Context,
@@ -94,10 +120,11 @@ def profile(
     timeout: Annotated[Optional[float], typer.Option(help="Stop the script after this many seconds.", min=0.1)] = None,
     with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
-    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None,
+    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None, output_formats: FormatOption = None,
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     _check_fail_on(fail_on)
+    formats = _formats(output_formats)
     args = list(ctx.args)
     if module is None and script is None:
         raise typer.BadParameter("give a script to run, or -m MODULE.")
@@ -112,7 +139,7 @@ def profile(
     outcome = run_profile(request)
     if outcome.message:
         _say(outcome.message)
-    report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared)
+    report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
     status = outcome.exit_status
     if status == 0 and report is not None and _fails(report, fail_on):
         status = EXIT_FINDINGS
@@ -124,34 +151,40 @@ def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[s
     return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()))
 
 
-def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules) -> dict | None:
+def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules, formats: tuple[str, ...] = FORMATS) -> dict | None:
     """Analyse and write the report; a failure here is reported but never hides the script's own status."""
     try:
         report = diagnose(open_run(source), rules)
-        written = write_outputs(report, out_dir)
+        _write(report, out_dir, formats)
     except GpudoctorError as exc:
         _say(f"the bundle was written to {out_dir}, but the report could not be made: {exc}")
         return None
-    print(to_text(report, str(written["html"])), file=sys.stderr, end="")
     return report
 
 
-@app.command()
+def _write(report: dict, out_dir: Path, formats: tuple[str, ...]) -> None:
+    written = write_outputs(report, out_dir, formats)
+    if "text" in formats:
+        shown = written.get("html") or written.get("json")
+        print(to_text(report, str(shown) if shown else None), file=sys.stderr, end="")
+
+
+@app.command(help=ANALYZE_HELP)
 def analyze(
     path: Annotated[Path, typer.Argument(help="A run directory, or a torch.profiler trace (.json or .json.gz).")],
     out: Annotated[Optional[Path], typer.Option("--out", help="Where to write findings.json and report.html.")] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
-    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None,
+    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None, output_formats: FormatOption = None,
 ) -> None:
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
     _check_fail_on(fail_on)
+    formats = _formats(output_formats)
     if not path.exists():
         raise InputNotFoundError(f"{path} does not exist.")
     out_dir = out or (path if path.is_dir() else path.parent)
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option))
     report = diagnose(open_run(path), prepared)
-    written = write_outputs(report, out_dir)
-    print(to_text(report, str(written["html"])), file=sys.stderr, end="")
+    _write(report, out_dir, formats)
     if _fails(report, fail_on):
         raise typer.Exit(EXIT_FINDINGS)
 

@@ -14,6 +14,7 @@ from gpudoctor.engine import Rule, run_rules
 from gpudoctor.errors import OutputNotWritableError
 from gpudoctor.loading import load_rules, select_rules
 from gpudoctor.report import build_report
+from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html, to_json
 
 
@@ -66,7 +67,8 @@ def open_run(path: Path) -> Run:
 
 
 def diagnose(run: Run, prepared: PreparedRules) -> dict[str, Any]:
-    return build_report(run, run_rules(run, prepared.rules, prepared.options))
+    docs = {r.code: r.doc for r in prepared.rules}
+    return build_report(run, run_rules(run, prepared.rules, prepared.options), docs)
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("json", "html")) -> dict[str, Path]:
@@ -78,7 +80,7 @@ def write_outputs(report: dict[str, Any], out_dir: Path, formats: Iterable[str] 
             written["json"].write_text(to_json(report), encoding="utf-8")
         if "html" in formats:
             written["html"] = out_dir / REPORT
-            written["html"].write_text(to_html(report), encoding="utf-8")
+            written["html"].write_text(to_html(link_outputs(report, out_dir)), encoding="utf-8")
         return written
     except OSError as exc:
         raise OutputNotWritableError(f"cannot write the report to {out_dir} ({exc.strerror}).") from None

@@ -26,6 +26,7 @@ from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
 from gpudoctor.collect.stub import child_command
 from gpudoctor.errors import EXIT_TIMEOUT, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
+from gpudoctor.progress import Progress
 
 STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
 
@@ -41,6 +42,7 @@ class ProfileRequest:
     timeout_s: float | None = None
     sample_interval_s: float = 0.1
     with_stack: bool = False
+    progress: bool = True  # a status line on stderr while the script runs, when stderr is a terminal
 
     @property
     def target_name(self) -> str:
@@ -249,10 +251,13 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
     started = time.time()
     child = subprocess.Popen(child_command(config, request.script, request.module, request.args))
     samplers.start(child.pid)
+    progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
     supervisor = _Supervisor(child, request.timeout_s)
     try:
         returncode = supervisor.wait()
     finally:
+        if progress is not None:
+            progress.stop()
         samplers.stop()
     end, facts = _child_end(run_dir)
     ending, status, message = describe_ending(request, returncode, end, supervisor)

@@ -19,3 +19,8 @@ def builtin_rules_dir() -> Path:
 
 def templates_dir() -> Path:
     return _shipped("templates")
+
+
+def findings_schema() -> Path:
+    """The JSON Schema (draft 2020-12) of findings.json, shipped inside the package."""
+    return _PACKAGE / "schemas" / "findings.schema.json"

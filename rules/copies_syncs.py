@@ -6,7 +6,6 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
-from gpudoctor.analysis import intervals
 from gpudoctor.analysis.views import CopySite, SyncSite
 
 MB = 1024 * 1024
@@ -198,14 +197,11 @@ def copy_not_overlapped(run: Run, min_share: float = 0.05, max_overlapped: float
     """
     gpu = run.require_gpu()
     steps = [s for s in run.require_steps() if s.gpu_busy_s is not None]
-    copies = [op for op in gpu.memcpys if "HtoD" in op.name]
-    if not steps or not copies:
+    if not steps:
         return
     wall = sum(s.wall_s for s in steps)
-    kernels = intervals.union((k.start, k.end) for k in gpu.kernels)
-    spans = intervals.union((c.start, c.end) for c in copies)
-    copy_s = sum(intervals.covered(spans, s.start, s.end) for s in steps)
-    overlapped = sum(intervals.covered(kernels, lo, hi) for s in steps for lo, hi in intervals.clip(spans, s.start, s.end))
+    per_step = [gpu.h2d_copy_overlap(s.start, s.end) for s in steps]
+    copy_s, overlapped = sum(c for c, _ in per_step), sum(o for _, o in per_step)
     exposed = copy_s - overlapped
     if copy_s <= 0 or exposed / wall < min_share or overlapped / copy_s > max_overlapped:
         return

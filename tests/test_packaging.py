@@ -74,7 +74,8 @@ def test_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
     located = json.loads(_run(
         venv / "bin" / "python", "-c",
         "import json, gpudoctor, gpudoctor.paths as p; "
-        "print(json.dumps([gpudoctor.__file__, str(p.templates_dir()), str(p.builtin_rules_dir())]))",
+        "print(json.dumps([gpudoctor.__file__, str(p.templates_dir()), str(p.builtin_rules_dir()), "
+        "str(p.findings_schema()) if p.findings_schema().is_file() else 'missing: findings.schema.json']))",
         cwd=elsewhere, env=env,
     ).strip().splitlines()[-1])
     for path in located:

@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from markupsafe import escape
 
 from conftest import Result
+from gpudoctor.report.model import COLLECTOR_LABELS
 
 SEVERITIES = ("info", "warning", "critical")
 
@@ -61,7 +62,7 @@ def test_findings_json_has_the_contract_keys(training_run: Result) -> None:
 def test_report_lists_what_was_not_measured(training_run: Result) -> None:
     html = (training_run.run_dir / "report.html").read_text(encoding="utf-8")
     failed = {name: c["reason"] for name, c in training_run.manifest()["collectors"].items() if not c["ok"]}
-    labels = {"nvml": "GPU samples (NVML)", "profiler": "profiler trace", "host": "host and process samples"}
+    labels = COLLECTOR_LABELS
     not_measured = html[html.index("<section id=\"facts\">"):html.index("<section id=\"breakdown\">")]
     assert not_measured.count("<li>") == len(failed)
     for name, reason in failed.items():

@@ -56,6 +56,20 @@ class GpuView:
         device = self.primary_device if device is None else device
         return intervals.gaps(self._busy_by_device.get(device, []), lo, hi)
 
+    @cached_property
+    def _h2d_copies(self) -> list[intervals.Interval]:
+        return intervals.union((op.start, op.end) for op in self.memcpys if "HtoD" in op.name)
+
+    @cached_property
+    def _kernels_any_device(self) -> list[intervals.Interval]:
+        return intervals.union((k.start, k.end) for k in self.kernels)
+
+    def h2d_copy_overlap(self, lo: float, hi: float) -> tuple[float, float]:
+        """Seconds of [lo, hi] with a host-to-device copy in flight, and how many of them a kernel overlaps."""
+        spans = intervals.clip(self._h2d_copies, lo, hi)
+        copying = sum(e - s for s, e in spans)
+        return copying, sum(intervals.covered(self._kernels_any_device, s, e) for s, e in spans)
+
     def kernels_in(self, lo: float, hi: float) -> list[GpuOp]:
         return [k for k in self.kernels if lo <= k.start < hi]
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 
 from gpudoctor.paths import templates_dir
+from gpudoctor.report import svg
+from gpudoctor.report.units import percent, seconds
 
 FINDINGS_KEYS = ("schema_version", "gpudoctor_version", "run", "summary", "findings", "not_evaluated", "errors")
 
@@ -17,29 +22,34 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps({k: report[k] for k in FINDINGS_KEYS}, indent=2, default=str) + "\n"
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "—"
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} µs"
-
-
-def _percent(value: float | None) -> str:
-    return "—" if value is None else f"{value:.0%}"
-
-
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html", "j2"), default_for_string=True),
         undefined=jinja2.StrictUndefined,
     )
-    env.filters["seconds"] = _seconds
-    env.filters["percent"] = _percent
+    env.filters["seconds"] = seconds
+    env.filters["percent"] = percent
+    env.filters["code_spans"] = _code_spans
+    env.filters["when"] = _when
+    env.globals.update(step_bars=svg.step_bars, timeline=svg.timeline, kernel_histogram=svg.kernel_histogram)
     return env
+
+
+def _code_spans(text: str) -> Markup:
+    """Text with `backquoted` parts as <code>; everything escaped first."""
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
+
+
+def _when(iso: str) -> str:
+    """An ISO timestamp as a reader writes it: 2026-11-21 08:12 UTC."""
+    try:
+        moment = dt.datetime.fromisoformat(iso)
+    except (TypeError, ValueError):
+        return str(iso)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(dt.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M") + (" UTC" if moment.tzinfo is not None else "")
 
 
 def to_html(report: dict[str, Any]) -> str:
@@ -57,7 +67,7 @@ def to_text(report: dict[str, Any], report_path: str | None = None, limit: int =
     lines = [f"gpudoctor: {report['summary']['verdict']}"]
     facts = [f"{run['steps_analysed']} steps analysed"]
     if run.get("median_step_s") is not None:
-        facts.append(f"median step {_seconds(run['median_step_s'])}")
+        facts.append(f"median step {seconds(run['median_step_s'])}")
     if run.get("gpus"):
         facts.append(", ".join(run["gpus"]))
     lines.append("  " + "; ".join(facts))

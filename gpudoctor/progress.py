@@ -1,0 +1,177 @@
+"""The progress line on the terminal while the script runs: steps seen, and where the profiling window is.
+
+The parent reads the tail of the child's events.jsonl every half second and draws one status line on the bottom row
+of the terminal. The script writes to the same terminal, so the status line must never land inside its output: the
+rows above the bottom one become the scrolling region (as apt does while it installs), the script's output scrolls
+there, and the status line is drawn below it (save cursor, go to the bottom row, clear the line, write, restore).
+At the end the line is cleared and the whole screen given back.
+
+It only appears when stderr is a terminal (and TERM is not "dumb"); piped or redirected, nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from gpudoctor.collect.config import WindowConfig
+
+INTERVAL_S = 0.5
+ESC = "\x1b"
+SAVE, RESTORE = f"{ESC}7", f"{ESC}8"  # DEC save/restore cursor
+CLEAR_LINE = f"{ESC}[2K"
+
+
+def is_terminal(stream: IO[str] | None) -> bool:
+    try:
+        return stream is not None and stream.isatty() and os.environ.get("TERM") != "dumb"
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class EventTail:
+    """The events the child has appended to events.jsonl since the last read; a half-written line waits."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
+
+
+class Status:
+    """What the progress line says, from the events seen so far."""
+
+    def __init__(self, window: WindowConfig, max_steps: int | None) -> None:
+        self.window = window
+        self.max_steps = max_steps
+        self.steps = 0
+        self.state = "waiting"
+        self.window_event: str | None = None
+        self.started = time.monotonic()
+
+    def update(self, events: list[dict[str, Any]]) -> None:
+        for event in events:
+            if event.get("kind") == "step":
+                self.steps = max(self.steps, int(event.get("step", -1)) + 1)
+                self.state = event.get("window", self.state)
+            elif event.get("kind") == "window":
+                self.window_event = event.get("state")
+
+    def _window_text(self) -> str:
+        w = self.window
+        if self.window_event == "closed":
+            return "profiled window recorded"
+        if self.window_event in ("failed", "ended_early"):
+            return "profiled window not recorded"
+        if self.state == "waiting":
+            return f"profiling starts after step {w.wait}"
+        if self.state == "warmup":
+            return "profiler warming up"
+        if self.state == "active":
+            done = max(0, self.steps - w.wait - w.warmup)
+            return f"profiling step {min(done, w.active)} of {w.active}"
+        return "profiled window recorded" if self.state == "closed" else self.state
+
+    def text(self) -> str:
+        elapsed = time.monotonic() - self.started
+        steps = f"step {self.steps}" + (f" of {self.max_steps}" if self.max_steps else "")
+        first = "waiting for the first step" if self.steps == 0 else f"{steps} · {self._window_text()}"
+        return f"gpudoctor ▸ {elapsed:4.0f} s · {first}"
+
+
+class Progress:
+    """Draws the status line from a thread until `stop()`; start it with `Progress.start(...)`."""
+
+    def __init__(self, events: Path, window: WindowConfig, max_steps: int | None, fd: int,
+                 interval_s: float = INTERVAL_S) -> None:
+        self.fd = fd
+        self.interval_s = interval_s
+        self.tail = EventTail(events)
+        self.status = Status(window, max_steps)
+        self.rows = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpudoctor-progress", daemon=True)
+
+    @classmethod
+    def start(cls, events: Path, window: WindowConfig, max_steps: int | None = None,
+              stream: IO[str] | None = None, interval_s: float = INTERVAL_S) -> Progress | None:
+        """A running progress line on `stream` (stderr), or None when it is not a terminal."""
+        stream = sys.stderr if stream is None else stream
+        if not is_terminal(stream):
+            return None
+        progress = cls(events, window, max_steps, stream.fileno(), interval_s)
+        if progress._size()[0] < 3:
+            return None
+        stream.flush()
+        progress._thread.start()
+        return progress
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    # -- the terminal ----------------------------------------------------------------------------
+    def _size(self) -> tuple[int, int]:
+        try:
+            size = os.get_terminal_size(self.fd)
+            return size.lines, size.columns
+        except OSError:
+            return 0, 0
+
+    def _write(self, text: str) -> None:
+        try:
+            os.write(self.fd, text.encode("utf-8", "replace"))  # one write: the script's output cannot cut into it
+        except OSError:
+            self._stop.set()
+
+    def _reserve_bottom_row(self, rows: int) -> None:
+        # A new line and back up: on the bottom row that scrolls the screen by one, so the cursor ends inside the
+        # region to be. Setting the region homes the cursor, hence save and restore around it.
+        self._write(f"\n{ESC}[1A{SAVE}{ESC}[1;{rows - 1}r{RESTORE}")
+        self.rows = rows
+
+    def _release_bottom_row(self) -> None:
+        if self.rows:
+            self._write(f"{SAVE}{ESC}[{self.rows};1H{CLEAR_LINE}{ESC}[r{RESTORE}")
+            self.rows = 0
+
+    def _draw(self) -> None:
+        rows, columns = self._size()
+        if rows < 3:
+            return
+        if rows != self.rows:  # first draw, or the terminal was resized
+            self._release_bottom_row()
+            self._reserve_bottom_row(rows)
+        text = self.status.text()[:max(0, columns - 1)]
+        self._write(f"{SAVE}{ESC}[{rows};1H{CLEAR_LINE}\r{text}{RESTORE}")
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                self.status.update(self.tail.read())
+                self._draw()
+        finally:
+            self._release_bottom_row()

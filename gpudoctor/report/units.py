@@ -1,0 +1,25 @@
+"""How numbers read in the report: seconds, shares, counts. Formatting only."""
+
+from __future__ import annotations
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} µs"
+
+
+def percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0%}"
+
+
+def number(value: float | None, unit: str = "") -> str:
+    """A measured value with its unit: 3 significant digits are plenty for a chart's hover."""
+    if value is None:
+        return "not measured"
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text}{'%' if unit == '%' else (' ' + unit if unit else '')}"
