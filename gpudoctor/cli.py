@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperCommand, TyperOption
 
 from gpudoctor import __version__
+from gpudoctor.analysis.trace import TraceProgress
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.diagnose import (
     PreparedRules, RuleSelection, diagnose, load_project_rules, open_run, prepare_rules, write_outputs,
@@ -183,7 +184,9 @@ def analyze(
         raise InputNotFoundError(f"{path} does not exist.")
     out_dir = out or (path if path.is_dir() else path.parent)
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option))
-    report = diagnose(open_run(path), prepared)
+    run = open_run(path)
+    run.trace_progress = TraceProgress.on_terminal(sys.stderr)  # None unless stderr is a terminal
+    report = diagnose(run, prepared)
     _write(report, out_dir, formats)
     if _fails(report, fail_on):
         raise typer.Exit(EXIT_FINDINGS)

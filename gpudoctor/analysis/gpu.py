@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -23,6 +24,15 @@ class GpuView:
     @cached_property
     def kernels(self) -> list[GpuOp]:
         return [op for op in self.ops if op.kind == "kernel"]
+
+    @cached_property
+    def _kernel_starts(self) -> list[float]:
+        return [k.start for k in self.kernels]
+
+    @cached_property
+    def _kernels_sorted(self) -> bool:
+        starts = self._kernel_starts
+        return all(a <= b for a, b in zip(starts, starts[1:]))
 
     @cached_property
     def memcpys(self) -> list[GpuOp]:
@@ -66,12 +76,16 @@ class GpuView:
 
     def h2d_copy_overlap(self, lo: float, hi: float) -> tuple[float, float]:
         """Seconds of [lo, hi] with a host-to-device copy in flight, and how many of them a kernel overlaps."""
-        spans = intervals.clip(self._h2d_copies, lo, hi)
+        spans = intervals.clip(intervals.within(self._h2d_copies, lo, hi), lo, hi)
         copying = sum(e - s for s, e in spans)
         return copying, sum(intervals.covered(self._kernels_any_device, s, e) for s, e in spans)
 
     def kernels_in(self, lo: float, hi: float) -> list[GpuOp]:
-        return [k for k in self.kernels if lo <= k.start < hi]
+        """Kernels that start in [lo, hi), in the order of `kernels` (by start, as the trace gives them)."""
+        if not self._kernels_sorted:
+            return [k for k in self.kernels if lo <= k.start < hi]
+        starts = self._kernel_starts
+        return self.kernels[bisect_left(starts, lo):bisect_left(starts, hi)]
 
     @property
     def busy_fraction(self) -> float:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,9 @@ class Run:
         self._host_samples = host_samples
         self._proc_samples = proc_samples
         self._gpu_samples = gpu_samples
+        # Told of each chunk of the trace read, (done, total) in bytes: `gpudoctor analyze` sets it to draw its
+        # progress line on a terminal (see TraceProgress).
+        self.trace_progress: Callable[[int, int], None] | None = None
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
@@ -65,7 +70,7 @@ class Run:
 
     @cached_property
     def trace(self) -> TraceData | None:
-        return parse_trace(self._trace_path) if self._trace_path else None
+        return parse_trace(self._trace_path, self.trace_progress) if self._trace_path else None
 
     # -- steps -----------------------------------------------------------------------------------
     @cached_property
@@ -153,9 +158,10 @@ class Run:
         if trace is None:
             return []
         waits = [a for a in trace.annotations if "DataLoader" in a.name and "__next__" in a.name]
+        wait_starts = [a.start for a in waits]  # annotations are sorted by start
         steps = []
         for index, (start, end) in sorted(trace.steps.items()):
-            wait = sum(a.dur for a in waits if start <= a.start < end)
+            wait = sum(a.dur for a in waits[bisect_left(wait_starts, start):bisect_left(wait_starts, end)])
             steps.append(Step(index=index, start=start, wall_s=end - start, data_wait_s=wait, window="active",
                               **self._gpu_fields(start, end, True)))
         return steps
@@ -187,11 +193,14 @@ class Run:
         """
         if self.gpu is None or self.trace is None or not self.steps:
             return None
-        syncs = [r for r in self.trace.runtime if r.name in SYNC_CALLS or r.name == "cudaMemcpy"]
+        syncs = [r for r in self.trace.runtime if r.name in SYNC_CALLS or r.name == "cudaMemcpy"]  # by start
+        sync_starts = [s.start for s in syncs]
+        latest_end = list(accumulate((s.end for s in syncs), max))  # latest end among the syncs up to each one
         stalled = 0.0
         for step in self.steps:
             for start, end in self.gpu.idle_gaps(step.start, step.end):
-                if any(sync.start < end and sync.end > start for sync in syncs):
+                before = bisect_left(sync_starts, end)  # the syncs that start before the gap ends
+                if before and latest_end[before - 1] > start:  # one of them ends after it starts
                     stalled += end - start
         return stalled
 

@@ -2,21 +2,32 @@
 
 Times are converted to seconds since the epoch (the trace's `baseTimeNanoseconds` plus each event's
 microsecond `ts`) so that they line up with the instrumentation events and the samplers.
+
+The trace is read in chunks of a few MB (`gpudoctor.bundle.TraceStream`), so memory stays a small
+fraction of the trace's size as JSON. A big trace (over DETAIL_MAX_BYTES of JSON) keeps only what the
+views use: GPU ops, synchronizing CUDA calls, and the step, gpudoctor and DataLoader annotations; a
+small one keeps every CUDA runtime call, operator and Python frame as well (`TraceData.detail`).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from gpudoctor.bundle import read_trace
+from gpudoctor.bundle import EventFilter, TraceNotStreamable, read_trace, trace_stream
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent")
+SYNC_RUNTIME = frozenset((*SYNC_CALLS, "cudaMemcpy"))  # the runtime calls the views use (sync stalls)
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+DETAIL_MAX_BYTES = 32 << 20  # JSON size up to which every host event is kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,60 +76,187 @@ class TraceData:
     ops: list[HostSpan] = field(default_factory=list)
     steps: dict[int, tuple[float, float]] = field(default_factory=dict)  # ProfilerStep#N -> (start, end)
     device_properties: list[dict[str, Any]] = field(default_factory=list)
+    # True: every CUDA runtime call, cpu_op, python_function and annotation was kept. False (a big trace):
+    # only synchronizing calls (SYNC_RUNTIME) and the ProfilerStep#, gpudoctor/ and DataLoader annotations;
+    # `ops` and `python` are empty.
+    detail: bool = True
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.gpu_ops)
 
 
-def parse_trace(path: Path) -> TraceData:
-    raw = read_trace(path)
-    base = float(raw.get("baseTimeNanoseconds", 0)) / 1e9
-    data = TraceData(path=path, device_properties=raw.get("deviceProperties", []))
-    for event in raw["traceEvents"]:
-        if event.get("ph") != "X":
-            continue
+def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
+                detail: bool | None = None) -> TraceData:
+    """Parse a trace in chunks. `progress(done, total)` hears of each chunk read (bytes of the file); if it
+    has a `close()`, that is called at the end. `detail` defaults to the trace being at most DETAIL_MAX_BYTES."""
+    path = Path(path)
+    if detail is None:
+        detail = json_size(path) <= DETAIL_MAX_BYTES
+    try:
         try:
-            _add_event(data, event, base)
-        except (KeyError, TypeError, ValueError):
-            continue  # a malformed event is skipped; one bad row must not lose the trace
+            stream = trace_stream(path, progress)
+            select = None if detail else EventFilter(
+                _categories(False), {"cuda_runtime": SYNC_RUNTIME, "cuda_driver": SYNC_RUNTIME})
+            return _parse(path, stream.batches(select), stream.meta, detail)
+        except TraceNotStreamable:  # a layout the chunked reader does not follow, or a corrupt trace
+            raw = read_trace(path)  # raises BundleError saying what is wrong, if anything is
+            events = raw.pop("traceEvents")
+            return _parse(path, iter([events]), raw, detail)
+    finally:
+        close = getattr(progress, "close", None)
+        if close is not None:
+            close()
+
+
+def json_size(path: Path) -> int:
+    """The size of the trace as JSON: the file's, or for .gz what its gzip trailer says (mod 4 GiB)."""
+    size = path.stat().st_size
+    if path.suffix != ".gz" or size < 18:
+        return size
+    with open(path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        return max(size, int.from_bytes(f.read(4), "little"))
+
+
+def _parse(path: Path, batches: Iterable[list[Any]], meta: dict[str, Any], detail: bool) -> TraceData:
+    data = TraceData(path=path, detail=detail)
+    builder: _Builder | None = None
+    pending: list[Any] = []  # when baseTimeNanoseconds comes after the events, they wait for it
+    for batch in batches:
+        if builder is None and "baseTimeNanoseconds" in meta:
+            builder = _Builder(data, float(meta["baseTimeNanoseconds"]) / 1e9, detail)
+        if builder is None:
+            pending.extend(e for e in batch if type(e) is dict and e.get("ph") == "X")
+        else:
+            builder.add(batch)
+    if builder is None:
+        builder = _Builder(data, float(meta.get("baseTimeNanoseconds", 0)) / 1e9, detail)
+    builder.add(pending)
+    data.device_properties = meta.get("deviceProperties", [])
     for spans in (data.runtime, data.annotations, data.python, data.ops):
         spans.sort(key=lambda s: s.start)
     data.gpu_ops.sort(key=lambda o: o.start)
     return data
 
 
-def _add_event(data: TraceData, event: dict[str, Any], base: float) -> None:
-    cat = event.get("cat")
-    start = base + float(event["ts"]) / 1e6
-    end = start + float(event.get("dur", 0)) / 1e6
-    args = event.get("args") or {}
-    name = event.get("name", "")
-    if cat in GPU_CATEGORIES:
-        data.gpu_ops.append(GpuOp(
-            GPU_CATEGORIES[cat], name, start, end, int(args.get("device", event.get("pid", 0)) or 0),
-            int(args.get("stream", event.get("tid", 0)) or 0), args.get("bytes"), args.get("correlation"),
-        ))
-    elif cat in ("cuda_runtime", "cuda_driver"):
-        data.runtime.append(HostSpan("runtime", name, start, end, _tid(event), correlation=args.get("correlation")))
-    elif cat == "user_annotation":
-        match = _STEP.match(name)
-        if match:
-            data.steps[int(match.group(1))] = (start, end)
-        else:
-            data.annotations.append(HostSpan("annotation", name, start, end, _tid(event)))
-    elif cat == "python_function":
-        data.python.append(HostSpan(
-            "python", name, start, end, _tid(event),
-            python_id=args.get("Python id"), python_parent=args.get("Python parent id"),
-        ))
-    elif cat == "cpu_op":
-        data.ops.append(HostSpan("op", name, start, end, _tid(event)))
+def _categories(detail: bool) -> frozenset[str]:
+    kept = {*GPU_CATEGORIES, "cuda_runtime", "cuda_driver", "user_annotation"}
+    return frozenset(kept | {"python_function", "cpu_op"} if detail else kept)
+
+
+class _Builder:
+    """Turns the events of a trace, a batch at a time, into TraceData's lists, sharing one str per name."""
+
+    def __init__(self, data: TraceData, base: float, detail: bool) -> None:
+        self.data, self.base, self.detail = data, base, detail
+        self.wanted = _categories(detail)
+        self.names: dict[str, str] = {}
+
+    def add(self, events: list[Any]) -> None:
+        wanted, add_event = self.wanted, self._add_event
+        for event in events:
+            if type(event) is not dict:
+                continue
+            cat = event.get("cat")
+            try:
+                if cat not in wanted or event.get("ph") != "X":
+                    continue
+                add_event(event, cat)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue  # a malformed event is skipped; one bad row must not lose the trace
+
+    def _name(self, name: str) -> str:
+        return self.names.setdefault(name, name)
+
+    def _add_event(self, event: dict[str, Any], cat: str) -> None:
+        data = self.data
+        name = event.get("name", "")
+        if cat in ("cuda_runtime", "cuda_driver") and not self.detail and name not in SYNC_RUNTIME:
+            return
+        if cat == "user_annotation" and not self.detail and not _kept_annotation(name):
+            return
+        start = self.base + float(event["ts"]) / 1e6
+        end = start + float(event.get("dur", 0)) / 1e6
+        args = event.get("args") or {}
+        name = self._name(name)
+        if cat in GPU_CATEGORIES:
+            data.gpu_ops.append(GpuOp(
+                GPU_CATEGORIES[cat], name, start, end, int(args.get("device", event.get("pid", 0)) or 0),
+                int(args.get("stream", event.get("tid", 0)) or 0), args.get("bytes"), args.get("correlation"),
+            ))
+        elif cat in ("cuda_runtime", "cuda_driver"):
+            data.runtime.append(HostSpan("runtime", name, start, end, _tid(event), correlation=args.get("correlation")))
+        elif cat == "user_annotation":
+            match = _STEP.match(name)
+            if match:
+                data.steps[int(match.group(1))] = (start, end)
+            else:
+                data.annotations.append(HostSpan("annotation", name, start, end, _tid(event)))
+        elif cat == "python_function":
+            data.python.append(HostSpan(
+                "python", name, start, end, _tid(event),
+                python_id=args.get("Python id"), python_parent=args.get("Python parent id"),
+            ))
+        elif cat == "cpu_op":
+            data.ops.append(HostSpan("op", name, start, end, _tid(event)))
+
+
+def _kept_annotation(name: str) -> bool:
+    """The annotations a big trace keeps: steps, gpudoctor's phases and the DataLoader's waits."""
+    return name.startswith(("ProfilerStep#", "gpudoctor/")) or "DataLoader" in name
 
 
 def _tid(event: dict[str, Any]) -> int:
     tid = event.get("tid", 0)
     return tid if isinstance(tid, int) else hash(tid)
+
+
+class TraceProgress:
+    """`gpudoctor ▸ reading the trace:  42% (31 of 74 MB)` on one line of a terminal while a trace is read
+    (MB of the file as it is on disk, compressed or not).
+
+    Nothing is drawn for a trace read in under `delay_s`, and the line is cleared when reading ends.
+    Use `TraceProgress.on_terminal()`, which gives None when stderr is not a terminal.
+    """
+
+    def __init__(self, stream: IO[str], label: str = "trace", delay_s: float = 0.5, interval_s: float = 0.2) -> None:
+        self.stream, self.label = stream, label
+        self.delay_s, self.interval_s = delay_s, interval_s
+        self.started: float | None = None  # the first chunk read
+        self._last = 0.0
+        self.drawn = False
+
+    @classmethod
+    def on_terminal(cls, stream: IO[str] | None = None, label: str = "trace") -> TraceProgress | None:
+        from gpudoctor.progress import is_terminal
+
+        stream = sys.stderr if stream is None else stream
+        return cls(stream, label) if is_terminal(stream) else None
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+        if now - self.started < self.delay_s or now - self._last < self.interval_s:
+            return
+        self._last = now
+        share = f"{done / total:4.0%} " if total else ""
+        mb = f"({done / 1e6:,.0f} of {total / 1e6:,.0f} MB)"
+        self._write(f"\r\x1b[2Kgpudoctor ▸ reading the {self.label}: {share}{mb}")
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            self._write("\r\x1b[2K")
+            self.drawn = False
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def parse_python_frame(name: str) -> dict[str, Any] | None:

@@ -1,0 +1,184 @@
+"""Reading a trace in chunks (gpudoctor.bundle.TraceStream) and parsing it compactly (analysis.trace.parse_trace).
+
+Whatever the chunk size, the layout of the JSON or the parser's path (events picked out of the bytes, or whole
+chunks parsed), the result must be what a plain json.loads of the whole file gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpudoctor import bundle
+from gpudoctor.analysis import Run
+from gpudoctor.analysis.trace import SYNC_RUNTIME, TraceData, TraceProgress, parse_trace
+from gpudoctor.errors import BundleError
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"
+
+
+def _rows(items: list[Any]) -> list[tuple]:
+    return [dataclasses.astuple(x) for x in items]
+
+
+def _reference(raw: dict[str, Any]) -> dict[str, Any]:
+    """What the views need, computed straight from the whole JSON."""
+    base = float(raw.get("baseTimeNanoseconds", 0)) / 1e9
+    gpu, syncs, steps = [], [], {}
+    for e in raw["traceEvents"]:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        start = base + float(e["ts"]) / 1e6
+        end = start + float(e.get("dur", 0)) / 1e6
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            gpu.append((e["name"], start, end))
+        elif e.get("cat") == "cuda_runtime" and e["name"] in SYNC_RUNTIME:
+            syncs.append((e["name"], start, end))
+        elif e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#"):
+            steps[int(e["name"].split("#")[1])] = (start, end)
+    return {"gpu": sorted(gpu, key=lambda r: r[1]), "syncs": sorted(syncs, key=lambda r: r[1]), "steps": steps}
+
+
+def _views(data: TraceData) -> dict[str, Any]:
+    return {"gpu": [(o.name, o.start, o.end) for o in data.gpu_ops],
+            "syncs": [(r.name, r.start, r.end) for r in data.runtime if r.name in SYNC_RUNTIME], "steps": data.steps}
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    with gzip.open(FIXTURE, "rb") as f:
+        return json.loads(f.read())
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bundle, "CHUNK_BYTES", 4096)  # dozens of chunks even for a small fixture
+
+
+def _write(path: Path, text: str) -> Path:
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_compact_and_detailed_parses_agree_on_the_views(raw: dict[str, Any], small_chunks: None) -> None:
+    detailed, compact = parse_trace(FIXTURE, detail=True), parse_trace(FIXTURE, detail=False)
+    assert detailed.detail and not compact.detail
+    assert _views(detailed) == _views(compact) == _reference(raw)
+    assert _rows(compact.gpu_ops) == _rows(detailed.gpu_ops)
+    assert compact.ops == [] and compact.python == [] and detailed.ops
+    assert all(r.name in SYNC_RUNTIME for r in compact.runtime) and any(r.name in SYNC_RUNTIME for r in compact.runtime)
+    assert compact.device_properties == raw["deviceProperties"]
+
+
+def test_findings_of_a_compact_parse_are_those_of_a_detailed_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
+
+    prepared = prepare_rules(RuleSelection())
+    reports = []
+    for detail in (True, False):
+        run = Run.from_bundle(FIXTURE.parent)
+        run.__dict__["trace"] = parse_trace(FIXTURE, detail=detail)
+        report = diagnose(run, prepared)
+        reports.append((report["findings"], report["run"]))
+    assert reports[0] == reports[1]
+
+
+@pytest.mark.parametrize("layout", ["indented", "compact", "events_first", "bare_list"])
+@pytest.mark.parametrize("suffix", [".json.gz", ".json"])
+@pytest.mark.parametrize("detail", [True, False])
+def test_any_layout_in_any_chunks_reads_as_json_loads(raw: dict[str, Any], tmp_path: Path, small_chunks: None,
+                                                      layout: str, suffix: str, detail: bool) -> None:
+    events = raw["traceEvents"]
+    if layout == "indented":
+        text = json.dumps(raw, indent=2)
+    elif layout == "compact":
+        text = json.dumps(raw, separators=(",", ":"))
+    elif layout == "events_first":  # baseTimeNanoseconds after the events: they wait for it
+        text = json.dumps({"traceEvents": events, **{k: v for k, v in raw.items() if k != "traceEvents"}})
+    else:
+        text = json.dumps(events)
+    data = parse_trace(_write(tmp_path / f"trace{suffix}", text), detail=detail)
+    expected = raw if layout != "bare_list" else {"traceEvents": events}
+    assert _views(data) == _reference(expected)
+
+
+def test_awkward_events_are_parsed_whole_not_lost(raw: dict[str, Any], tmp_path: Path, small_chunks: None) -> None:
+    """Separators inside strings and arrays of objects inside args defeat picking events out of the bytes: the
+    chunk is then parsed whole, and nothing is lost."""
+    events = [dict(e) for e in raw["traceEvents"]]
+    for i, e in enumerate(events):
+        if e.get("cat") == "kernel" and i % 3 == 0:
+            e["name"] = e["name"] + '"}, {"cat": "kernel"'
+        if e.get("cat") == "cpu_op" and i % 5 == 0:
+            e["args"] = {"inputs": [{"cat": "kernel", "ph": "X"}, {"n": 1}], **(e.get("args") or {})}
+        if e.get("cat") == "cuda_runtime" and i % 7 == 0:  # the name before the category
+            e = events[i] = {"name": e["name"], **e}
+        if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_RUNTIME and i % 2 == 0:  # a '}, {' before the name
+            name = e.pop("name")
+            e["args"] = {"list": [{"a": 1}, {"b": 2}], **(e.get("args") or {})}
+            e["name"] = name
+    text = json.dumps({**raw, "traceEvents": events}, indent=1)
+    data = parse_trace(_write(tmp_path / "trace.json.gz", text), detail=False)
+    assert _views(data) == _reference({**raw, "traceEvents": events})
+
+
+def test_a_truncated_gzip_trace_says_so(tmp_path: Path, small_chunks: None) -> None:
+    path = tmp_path / "trace.json.gz"
+    data = FIXTURE.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BundleError, match="truncated or not gzip"):
+        parse_trace(path, detail=False)
+
+
+@pytest.mark.parametrize("detail", [True, False])
+def test_a_truncated_json_trace_says_so(raw: dict[str, Any], tmp_path: Path, small_chunks: None,
+                                        detail: bool) -> None:
+    text = json.dumps(raw, indent=2)
+    path = _write(tmp_path / "trace.json", text[: len(text) // 2])
+    with pytest.raises(BundleError, match="is not a complete JSON trace"):
+        parse_trace(path, detail=detail)
+
+
+def test_json_that_is_not_a_trace_says_so(tmp_path: Path) -> None:
+    path = _write(tmp_path / "trace.json", json.dumps({"traceEvents": {"not": "a list"}}))
+    with pytest.raises(BundleError, match="not a Chrome trace"):
+        parse_trace(path)
+
+
+def test_progress_hears_each_chunk_and_is_closed(tmp_path: Path, small_chunks: None) -> None:
+    heard: list[tuple[int, int]] = []
+
+    class Progress:
+        closed = False
+
+        def __call__(self, done: int, total: int) -> None:
+            heard.append((done, total))
+
+        def close(self) -> None:
+            self.closed = True
+
+    progress = Progress()
+    parse_trace(FIXTURE, progress, detail=False)
+    size = FIXTURE.stat().st_size
+    assert len(heard) > 3 and heard[-1] == (size, size) and progress.closed
+    assert [d for d, _ in heard] == sorted(d for d, _ in heard)
+
+
+def test_trace_progress_draws_only_on_a_terminal_and_clears_its_line() -> None:
+    assert TraceProgress.on_terminal(io.StringIO()) is None  # piped or redirected: nothing at all
+    out = io.StringIO()
+    progress = TraceProgress(out, delay_s=0.0, interval_s=0.0)
+    progress(25, 100)
+    progress.close()
+    assert "reading the trace:  25% (0 of 0 MB)" in out.getvalue() and out.getvalue().endswith("\r\x1b[2K")
