@@ -155,18 +155,23 @@ def _wait_for(path: Path, process, timeout_s: float = 90) -> None:
         time.sleep(0.05)
 
 
-def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
+def _signal_gpudoctor_mid_window(gd: Gpudoctor, sig: signal.Signals) -> Result:
+    """Profile a loop whose window stays open, and send `sig` to gpudoctor once the script is in the window."""
     ready = gd.cwd / "ready"
-    # The script signals readiness at its third step, inside the window, which stays open until the interrupt.
+    # The script signals readiness at its third step, inside the window, which stays open until the signal.
     process = gd.start("profile", "--out", "run", "--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "1000",
                        ENDINGS, "loop", env=env_with(GD_TEST_READY=str(ready)))
     try:
         _wait_for(ready, process)
-        os.kill(process.pid, signal.SIGINT)
+        os.kill(process.pid, sig)
         stdout, stderr = process.communicate(timeout=90)
     finally:
         process.kill()
-    result = Result(process.returncode, stdout, stderr, gd.cwd / "run")
+    return Result(process.returncode, stdout, stderr, gd.cwd / "run")
+
+
+def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
+    result = _signal_gpudoctor_mid_window(gd, signal.SIGINT)
     assert result.returncode == 130, result
     assert "KeyboardInterrupt" in result.stderr  # the script itself was interrupted
     assert _one_sentence(result.first_message) and "interrupted" in result.first_message
@@ -177,16 +182,7 @@ def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
 
 
 def test_sigterm_to_gpudoctor_still_writes_the_window(gd: Gpudoctor) -> None:
-    ready = gd.cwd / "ready"
-    process = gd.start("profile", "--out", "run", "--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "1000",
-                       ENDINGS, "loop", env=env_with(GD_TEST_READY=str(ready)))
-    try:
-        _wait_for(ready, process)
-        os.kill(process.pid, signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=90)
-    finally:
-        process.kill()
-    result = Result(process.returncode, stdout, stderr, gd.cwd / "run")
+    result = _signal_gpudoctor_mid_window(gd, signal.SIGTERM)
     assert result.returncode == 128 + signal.SIGTERM, result
     assert _one_sentence(result.first_message) and "SIGTERM" in result.first_message
     assert result.manifest()["exit"]["ending"] == "signal"
