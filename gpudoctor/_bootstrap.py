@@ -15,6 +15,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 import traceback
 import types
 from types import TracebackType
@@ -24,6 +25,10 @@ from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.instrument import Instrumentation
 from gpudoctor.collect.recorder import MaxStepsReached, Recorder, set_active
 
+
+# How long SIGTERM waits for the window's trace to be written before the script dies anyway; an export with
+# stacks took 17.6 s in docs/performance.md, so this leaves room for one several times larger.
+SIGTERM_FINISH_GRACE_S = 60.0
 
 _INTERNAL_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -117,12 +122,22 @@ def _finish_on_sigterm(recorder: Recorder, instrumentation: Instrumentation) -> 
     """
 
     def on_sigterm(signum: int, frame: object) -> None:
-        _finish(recorder, instrumentation, "terminated")
+        # From here a second SIGTERM ends the script at once, and so does the watchdog if finishing hangs.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _terminate_after(SIGTERM_FINISH_GRACE_S)
+        _finish(recorder, instrumentation, "terminated")
         os.kill(os.getpid(), signal.SIGTERM)
 
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _terminate_after(seconds: float) -> None:
+    def watchdog() -> None:
+        time.sleep(seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watchdog, name="gpudoctor-sigterm-watchdog", daemon=True).start()
 
 
 def _exit_code(code: object) -> int:

@@ -57,13 +57,17 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that writes (SIGTERM in the script's process) can interrupt a write
+        # on the same thread, and must not wait for a lock that thread holds.
+        self._lock = threading.RLock()
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
         with self._lock:
-            if not self._file.closed:
+            try:
                 self._file.write(line)
+            except ValueError:  # closed, possibly by a signal handler that interrupted this very write
+                pass
 
     def close(self) -> None:
         with self._lock:

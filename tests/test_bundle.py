@@ -130,3 +130,47 @@ def test_reusing_an_output_directory_replaces_the_previous_run(gd: Gpudoctor) ->
     assert not (second.run_dir / "trace.json.gz").exists()
     assert Run.from_bundle(second.run_dir).all_steps == []
     assert second.findings()["run"]["steps_total"] == 0
+
+
+class _InterruptingFile:
+    """A file whose first write is interrupted, as a signal handler would, by another write on the same thread."""
+
+    def __init__(self, writer: bundle.JsonlWriter, inner) -> None:
+        self._writer, self._inner, self._interrupted = writer, inner, False
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        if not self._interrupted:
+            self._interrupted = True
+            self._writer.write({"from": "handler"})
+        return self._inner.write(text)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def test_a_write_interrupted_by_a_writing_signal_handler_completes(tmp_path: Path) -> None:
+    import threading
+
+    writer = bundle.JsonlWriter(tmp_path / "events.jsonl")
+    writer._file = _InterruptingFile(writer, writer._file)
+    done = threading.Event()
+
+    def write() -> None:
+        writer.write({"from": "script"})
+        writer.close()
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    assert done.wait(timeout=10), "the reentrant write deadlocked"
+    assert [r["from"] for r in bundle.read_jsonl(tmp_path / "events.jsonl")] == ["handler", "script"]
+
+
+def test_the_sigterm_watchdog_ends_the_process_with_sigterm() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    code = "import time; from gpudoctor._bootstrap import _terminate_after; _terminate_after(0.2); time.sleep(30)"
+    result = subprocess.run([sys.executable, "-c", code], timeout=25)
+    assert result.returncode == -signal.SIGTERM

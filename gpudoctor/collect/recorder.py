@@ -103,7 +103,8 @@ class Recorder:
         self.source: str | None = None
         self.completed = 0
         self._optimizer_id: int | None = None
-        self._lock = threading.Lock()
+        # Reentrant for the same reason as JsonlWriter's: the SIGTERM handler records on the main thread.
+        self._lock = threading.RLock()
         self._disabled = False
         self._window_listeners: list[Callable[[bool], None]] = []
         self.current = self._new_step()
