@@ -44,6 +44,21 @@ FINDINGS = "findings.json"
 REPORT = "report.html"
 
 
+def trace_name(window: int) -> str:
+    """The first profiling window's trace is trace.json.gz; a repeated window's is trace.<N>.json.gz."""
+    return TRACE if window == 0 else f"trace.{window}.json.gz"
+
+
+def trace_names(run_dir: Path) -> list[str]:
+    """The window traces in a run directory, in window order (trace.partial.json.gz, being written, is not one)."""
+    windows = [0] if (run_dir / TRACE).is_file() else []
+    for path in run_dir.glob("trace.*.json.gz"):
+        number = path.name[len("trace."):-len(".json.gz")]
+        if number.isdigit():
+            windows.append(int(number))
+    return [trace_name(w) for w in sorted(windows)]
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that a reader never sees half a file: write beside it, then rename over it."""
     tmp = path.with_name(path.name + ".tmp")
@@ -412,7 +427,10 @@ class Bundle:
 
     @property
     def trace_path(self) -> Path | None:
-        path = self.path / TRACE
+        return self.window_trace_path(0)
+
+    def window_trace_path(self, window: int) -> Path | None:
+        path = self.path / trace_name(window)
         return path if path.is_file() else None
 
     def events(self) -> Iterator[dict[str, Any]]:

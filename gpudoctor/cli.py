@@ -120,6 +120,9 @@ def profile(
     max_steps: Annotated[Optional[int], typer.Option(help="Stop the script cleanly after this many steps.", min=1)] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Stop the script after this many seconds.", min=0.1)] = None,
     with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
+    every: Annotated[Optional[str], typer.Option(
+        help="Profile again every DURATION (e.g. 10m, 90s, 1h) while the script runs; the report compares the windows.",
+        metavar="DURATION", show_default=False)] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
     rule_option: RuleOptionOption = None, fail_on: FailOnOption = None, output_formats: FormatOption = None,
 ) -> None:
@@ -134,7 +137,7 @@ def profile(
         script = None
     request = ProfileRequest(
         script=script, module=module, args=args, out=out,
-        window=WindowConfig(wait_steps, warmup_steps, active_steps), max_steps=max_steps, timeout_s=timeout, with_stack=with_stack,
+        window=WindowConfig(wait_steps, warmup_steps, active_steps, _duration_s(every)), max_steps=max_steps, timeout_s=timeout, with_stack=with_stack,
     )
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option))  # a bad rule fails before the script runs
     outcome = run_profile(request)
@@ -145,6 +148,24 @@ def profile(
     if status == 0 and report is not None and _fails(report, fail_on):
         status = EXIT_FINDINGS
     raise typer.Exit(status)
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration_s(text: str | None) -> float | None:
+    """'90', '90s', '10m', '1.5h' in seconds."""
+    if text is None:
+        return None
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a duration: write a number of seconds, or e.g. 90s, 10m, 1h.",
+                                 param_hint="--every") from None
+    if not seconds > 0:
+        raise typer.BadParameter(f"{text!r} must be longer than zero.", param_hint="--every")
+    return seconds
 
 
 def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[str] | None,

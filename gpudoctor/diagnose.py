@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpudoctor.across_windows import diagnose_windows
 from gpudoctor.analysis import Run
 from gpudoctor.bundle import FINDINGS, REPORT
 from gpudoctor.config import ProjectConfig, load_project_config, parse_cli_options, resolve_options
-from gpudoctor.engine import Rule, run_rules
+from gpudoctor.engine import Rule
 from gpudoctor.errors import OutputNotWritableError
 from gpudoctor.loading import load_rules, select_rules
 from gpudoctor.report import build_report
@@ -68,7 +69,8 @@ def open_run(path: Path) -> Run:
 
 def diagnose(run: Run, prepared: PreparedRules) -> dict[str, Any]:
     docs = {r.code: r.doc for r in prepared.rules}
-    return build_report(run, run_rules(run, prepared.rules, prepared.options), docs)
+    diagnosis = diagnose_windows(run, prepared.rules, prepared.options)
+    return build_report(diagnosis.run, diagnosis.result, docs, diagnosis.windows)
 
 
 def write_outputs(report: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("json", "html")) -> dict[str, Path]:

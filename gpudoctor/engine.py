@@ -142,12 +142,17 @@ def _finding_record(r: Rule, finding: Finding) -> dict[str, Any]:
     }
 
 
+def finding_key(record: dict[str, Any]) -> tuple:
+    """What makes two finding records one cause: the rule and the call site (the title, without one)."""
+    loc = record["location"] or {}
+    return record["code"], loc.get("file"), loc.get("line"), None if loc else record["title"]
+
+
 def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One finding per rule and call site: later duplicates add their counts to the first."""
     merged: dict[tuple, dict[str, Any]] = {}
     for record in records:
-        loc = record["location"] or {}
-        key = (record["code"], loc.get("file"), loc.get("line"), None if loc else record["title"])
+        key = finding_key(record)
         if key in merged:
             merged[key]["count"] += record["count"]
         else:

@@ -20,7 +20,8 @@ from typing import Any
 
 from gpudoctor import __version__
 from gpudoctor.bundle import (
-    EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, write_json_atomic,
+    EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, trace_names,
+    write_json_atomic,
 )
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
@@ -101,7 +102,8 @@ def make_run_dir(request: ProfileRequest) -> Path:
 
 def _remove_previous_run(run_dir: Path) -> None:
     """An --out directory used before: its files would mix with this run's (events and samples are appended)."""
-    for name in (MANIFEST, EVENTS, TRACE, FINDINGS, REPORT, *(f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values())):
+    for name in (MANIFEST, EVENTS, *trace_names(run_dir), FINDINGS, REPORT,
+                 *(f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values())):
         (run_dir / name).unlink(missing_ok=True)
 
 
@@ -122,7 +124,8 @@ def _base_manifest(request: ProfileRequest, run_dir: Path, samplers: Samplers) -
         },
         "gpus": samplers.gpus,
         "driver": samplers.driver,
-        "window": {"wait": request.window.wait, "warmup": request.window.warmup, "active": request.window.active},
+        "window": {"wait": request.window.wait, "warmup": request.window.warmup, "active": request.window.active,
+                   "every_s": request.window.every_s},
         "max_steps": request.max_steps,
         "with_stack": request.with_stack,
         "timeout_s": request.timeout_s,
@@ -272,7 +275,7 @@ def _final_fields(run_dir: Path, manifest: dict[str, Any], facts: dict[str, Any]
     collectors.update(facts.pop("collectors", {}))
     collectors.setdefault("profiler", _profiler_status(run_dir, end, facts))
     collectors.setdefault("cuda_trace", _cuda_trace_status(facts))
-    files = [name for name in (EVENTS, TRACE) if (run_dir / name).is_file()]
+    files = [name for name in (EVENTS,) if (run_dir / name).is_file()] + trace_names(run_dir)
     files += [f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values() if (run_dir / SAMPLES_DIR / f).is_file()]
     return {
         "status": "finished",

@@ -70,6 +70,8 @@ class Status:
         self.steps = 0
         self.state = "waiting"
         self.window_event: str | None = None
+        self.window_first_step = window.wait
+        self.windows_recorded = 0
         self.started = time.monotonic()
 
     def update(self, events: list[dict[str, Any]]) -> None:
@@ -79,11 +81,15 @@ class Status:
                 self.state = event.get("window", self.state)
             elif event.get("kind") == "window":
                 self.window_event = event.get("state")
+                if self.window_event == "opened":
+                    self.window_first_step = int(event.get("first_step", self.window_first_step))
+                elif self.window_event == "closed":
+                    self.windows_recorded += 1
 
     def _window_text(self) -> str:
         w = self.window
         if self.window_event == "closed":
-            return "profiled window recorded"
+            return "profiled window recorded" if self.windows_recorded < 2 else f"{self.windows_recorded} profiled windows recorded"
         if self.window_event in ("failed", "ended_early"):
             return "profiled window not recorded"
         if self.state == "waiting":
@@ -91,7 +97,7 @@ class Status:
         if self.state == "warmup":
             return "profiler warming up"
         if self.state == "active":
-            done = max(0, self.steps - w.wait - w.warmup)
+            done = max(0, self.steps - self.window_first_step - w.warmup)
             return f"profiling step {min(done, w.active)} of {w.active}"
         return "profiled window recorded" if self.state == "closed" else self.state
 

@@ -452,14 +452,14 @@ class BundleBuilder:
         first = self._first_window_step
         for s in self._steps:
             if s.index == first:
-                events.append({"kind": "window", "state": "opened", "first_step": first, "cuda": self._has_gpu,
-                               "t": s.start})
+                events.append({"kind": "window", "state": "opened", "index": 0, "first_step": first,
+                               "cuda": self._has_gpu, "trace": bundle_io.TRACE, "t": s.start})
                 events.append({"kind": "env_window", **self._window_facts(), "t": s.start})
             events.append(self._step_event(s))
         window = [s for s in self._steps if s.in_window]
         if window and self._writes_trace:
-            events.append({"kind": "window", "state": "closed", "first_step": first, "export_s": 0.05,
-                           "trace_bytes": 0, "t": window[-1].end})
+            events.append({"kind": "window", "state": "closed", "index": 0, "first_step": first, "export_s": 0.05,
+                           "trace_bytes": 0, "trace": bundle_io.TRACE, "t": window[-1].end})
         elif window:
             events.append({"kind": "collector", "name": "profiler", "ok": False, "reason": self._profiler_reason,
                            "t": window[-1].end})
@@ -475,6 +475,7 @@ class BundleBuilder:
             "data_wait_s": s.data_wait_s, "batches": s.batches, "source": s.source, "window": s.window,
         }
         if s.in_window:
+            event["window_index"] = 0
             event["phases"] = dict(s.phases)
             event["copies"] = [{k: v for k, v in r.items() if k != "_builder"} for r in s.copies]
             event["syncs"] = [{k: v for k, v in r.items() if k != "_builder"} for r in s.syncs]
@@ -533,7 +534,8 @@ class BundleBuilder:
                      "affinity": self._affinity, "memory_total": e["memory_total"]},
             "gpus": gpus, "driver": e["driver"] if e["driver"] is not None else ("550.54.15" if gpus else None),
             "window": {"wait": self.wait, "warmup": self.warmup,
-                       "active": self.active if self.active is not None else max(1, len(self._steps))},
+                       "active": self.active if self.active is not None else max(1, len(self._steps)),
+                       "every_s": None},
             "max_steps": None, "with_stack": False, "timeout_s": None, "collectors": self._collectors(),
             "files": files, "duration_s": last - first + 3.0,
             "exit": {"ending": self._exit["ending"], "status": self._exit["status"],

@@ -59,7 +59,7 @@ def test_options_before_the_script_are_gpudoctors_and_after_are_the_scripts(gd: 
     profiled = _under_gpudoctor(gd, local_script, "--timeout", "60", "--max-steps", "5", options=WINDOW)
     assert profiled["argv"] == [local_script, "--timeout", "60", "--max-steps", "5"]
     manifest = json.loads((gd.cwd / "run" / "manifest.json").read_text())
-    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2}
+    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2, "every_s": None}
     assert manifest["timeout_s"] is None and manifest["max_steps"] is None
     assert manifest["target"]["args"] == ["--timeout", "60", "--max-steps", "5"]
 

@@ -9,10 +9,10 @@ from gpudoctor.analysis.run import NotEvaluated, Run
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
     CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
-    Step, SyncSite, ThreadInfo,
+    Step, SyncSite, ThreadInfo, WindowInfo,
 )
 
 __all__ = [
     "CopySite", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo", "LoaderView", "Location",
-    "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite", "ThreadInfo",
+    "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite", "ThreadInfo", "WindowInfo",
 ]

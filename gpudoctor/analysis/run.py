@@ -15,7 +15,7 @@ from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
     CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
-    Step, SyncSite, ThreadInfo,
+    Step, SyncSite, ThreadInfo, WindowInfo,
 )
 
 ANALYSED_WINDOW_STATES = ("active",)
@@ -30,14 +30,19 @@ class Run:
 
     `steps` are the steps analysed: those of the profiler's active window when it recorded, otherwise
     every step after the window's `wait` (start-up is not representative), otherwise all of them.
+
+    A run profiled with `--every` has several windows (`windows`); a `Run` shows one of them
+    (`window`, the first by default) with the steps from its opening to the next one's, and
+    `for_window(N)` gives the others.
     """
 
     def __init__(self, manifest: dict[str, Any], events: list[dict[str, Any]], trace_path: Path | None,
                  host_samples: list[dict[str, Any]], proc_samples: list[dict[str, Any]],
-                 gpu_samples: list[dict[str, Any]], path: Path | None = None) -> None:
+                 gpu_samples: list[dict[str, Any]], path: Path | None = None, window: int = 0) -> None:
         self.manifest = manifest
         self.path = path
-        self._events = events
+        self.window = window
+        self._all_events = events
         self._trace_path = trace_path
         self._host_samples = host_samples
         self._proc_samples = proc_samples
@@ -53,6 +58,11 @@ class Run:
         return cls(b.manifest, list(b.events()), b.trace_path, list(b.samples("host")), list(b.samples("procs")),
                    list(b.samples("gpu")), path=b.path)
 
+    @property
+    def trace_file(self) -> Path | None:
+        """The profiler trace this run's views come from."""
+        return self._trace_path
+
     @classmethod
     def from_trace(cls, path: Path | str) -> Run:
         """A Chrome trace from torch.profiler made anywhere: trace-only views, the rest not evaluated."""
@@ -60,9 +70,66 @@ class Run:
         manifest = {"schema_version": bundle_io.SCHEMA_VERSION, "trace_only": True, "target": {"script": path.name}}
         return cls(manifest, [], path, [], [], [], path=path)
 
+    def for_window(self, index: int) -> Run:
+        """The same run seen through its profiling window number `index` (see `windows`)."""
+        if index == self.window:
+            return self
+        if not any(w.index == index for w in self.windows):
+            raise ValueError(f"this run has no profiling window {index}")
+        trace = self.path / bundle_io.trace_name(index) if self.path is not None else None
+        run = Run(self.manifest, self._all_events, trace if trace is not None and trace.is_file() else None,
+                  self._host_samples, self._proc_samples, self._gpu_samples, path=self.path, window=index)
+        run.trace_progress = self.trace_progress
+        return run
+
     # -- raw events ------------------------------------------------------------------------------
     def events(self, kind: str) -> Iterator[dict[str, Any]]:
         return (e for e in self._events if e.get("kind") == kind)
+
+    @cached_property
+    def windows(self) -> list[WindowInfo]:
+        """Every profiling window opened in the run, in order (one unless it was profiled with --every)."""
+        opened: dict[int, dict[str, Any]] = {}
+        written: dict[int, str] = {}
+        analysed: set[int] = {0}  # a repeated window counts once it analysed a step: the script may end first
+        for e in self._all_events:
+            kind = e.get("kind")
+            if kind == "step" and e.get("window") in ANALYSED_WINDOW_STATES:
+                analysed.add(int(e.get("window_index", 0)))
+            if kind != "window":
+                continue
+            index = int(e.get("index", 0))  # bundles from before --every have one window and no index
+            if e.get("state") == "opened":
+                opened[index] = e
+            elif e.get("state") == "closed":
+                written[index] = e.get("trace", bundle_io.trace_name(index))
+        return [WindowInfo(i, int(e.get("first_step", 0)), float(e.get("t", 0.0)), written.get(i))
+                for i, e in sorted(opened.items()) if i in analysed]
+
+    @cached_property
+    def _events(self) -> list[dict[str, Any]]:
+        """The events of this run's window: its steps are those from its opening to the next window's."""
+        windows = self.windows
+        if len(windows) < 2:
+            return self._all_events
+        position = next(i for i, w in enumerate(windows) if w.index == self.window)
+        first = windows[position].first_step if position else 0
+        end = windows[position + 1].first_step if position + 1 < len(windows) else None
+
+        def belongs(e: dict[str, Any]) -> bool:
+            kind = e.get("kind")
+            if kind == "step":
+                return first <= e["step"] and (end is None or e["step"] < end)
+            if kind == "window":
+                return int(e.get("index", 0)) == self.window
+            return True
+
+        return [e for e in self._all_events if belongs(e)]
+
+    @property
+    def _startup_steps(self) -> int:
+        """Steps skipped as start-up: the window's `wait` before the first window, none before a repeated one."""
+        return int(self.manifest.get("window", {}).get("wait", 0)) if self.window == 0 else 0
 
     @property
     def trace_only(self) -> bool:
@@ -85,12 +152,37 @@ class Run:
         return [self._step_from_event(e) for e in self.events("step")]
 
     @cached_property
+    def run_steps(self) -> list[Step]:
+        """Every step of the whole run, every window's included (the same as all_steps with one window)."""
+        if len(self.windows) < 2:
+            return self.all_steps
+        return [self._step_from_event(e) for e in self._all_events if e.get("kind") == "step"]
+
+    @cached_property
+    def window_spans(self) -> dict[int, tuple[float, float]]:
+        """Each profiling window's analysed steps, from the first one's start to the last one's end."""
+        spans: dict[int, tuple[float, float]] = {}
+        for e in self._all_events:
+            if e.get("kind") == "step" and e.get("window") in ANALYSED_WINDOW_STATES:
+                index, start, end = int(e.get("window_index", 0)), float(e["t0"]), float(e["t1"])
+                first, last = spans.get(index, (start, end))
+                spans[index] = (min(first, start), max(last, end))
+        return spans
+
+    @property
+    def steps_in_run(self) -> int:
+        """Steps in the whole run, every window's included."""
+        if self.trace_only:
+            return len(self.all_steps)
+        return sum(1 for e in self._all_events if e.get("kind") == "step")
+
+    @cached_property
     def steps(self) -> list[Step]:
         steps = self.all_steps
         active = [s for s in steps if s.window in ANALYSED_WINDOW_STATES]
         if active:
             return active
-        wait = int(self.manifest.get("window", {}).get("wait", 0))
+        wait = self._startup_steps
         return steps[wait:] if len(steps) > wait else steps
 
     @cached_property
@@ -102,7 +194,7 @@ class Run:
         which a short window can miss.
         """
         steps = self.all_steps
-        wait = int(self.manifest.get("window", {}).get("wait", 0))
+        wait = self._startup_steps
         return steps[wait:] if len(steps) > wait else steps
 
     @property

@@ -226,3 +226,13 @@ class Exit:
     exception: str | None
     message: str | None
     location: Location | None
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    """One profiling window: `gpudoctor profile --every` records several, each with its own trace."""
+
+    index: int
+    first_step: int  # the first step it recorded (warm-up included)
+    start: float  # seconds since the epoch, when it opened
+    trace: str | None  # its trace file in the run directory, None if it was not written

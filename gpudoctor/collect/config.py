@@ -8,11 +8,16 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class WindowConfig:
-    """The profiling window, in steps: skip `wait`, warm up for `warmup`, record `active`."""
+    """The profiling window, in steps: skip `wait`, warm up for `warmup`, record `active`.
+
+    With `every_s`, the window opens again (warm-up and active steps, no wait) at the first step that
+    starts `every_s` seconds or more after the previous window opened, for as long as the script runs.
+    """
 
     wait: int = 5
     warmup: int = 2
     active: int = 5
+    every_s: float | None = None
 
     @property
     def first_active(self) -> int:

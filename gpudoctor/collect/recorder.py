@@ -42,6 +42,7 @@ class StepRecord:
     t0: float  # time.time() at the start, comparable with the parent's samples
     p0: float  # perf_counter() at the start
     window: str
+    window_index: int = 0  # which profiling window, when `window` is warmup or active
     data_wait_s: float = 0.0
     batches: int = 0
     phases: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
@@ -55,6 +56,7 @@ class StepRecord:
             "data_wait_s": self.data_wait_s, "batches": self.batches, "source": source, "window": self.window,
         }
         if self.window in (window_states.WARMUP, window_states.ACTIVE):
+            event["window_index"] = self.window_index
             event["phases"] = self.phases
             event["copies"] = [_copy_row(k, v) for k, v in self.copies.items()]
             event["syncs"] = [_sync_row(k, v) for k, v in self.syncs.items()]
@@ -194,13 +196,15 @@ class Recorder:
             finished = self.current
             self.completed += 1
             # The next step exists at once: the GIL probe thread may record into it at any moment.
-            self.current = StepRecord(self.completed, time.time(), time.perf_counter(), finished.window)
+            self.current = StepRecord(self.completed, time.time(), time.perf_counter(), finished.window,
+                                      finished.window_index)
         recording_before = self.window.recording
         in_window = finished.window in (window_states.WARMUP, window_states.ACTIVE)
         memory = _cuda_memory() if in_window else None
         self.emit(finished.to_event(time.time(), time.perf_counter(), self.source or "none", memory))
         self.window.on_step_completed(self.completed)
         self.current.window = self.window.state_for_step(self.completed)
+        self.current.window_index = max(0, self.window.index)
         if self.window.recording != recording_before:
             self._notify_window()
         if self.config.max_steps is not None and self.completed >= self.config.max_steps:

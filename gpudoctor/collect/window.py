@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.bundle import TRACE
+from gpudoctor.bundle import trace_name
 from gpudoctor.collect.config import WindowConfig
 
 WAITING, WARMUP, ACTIVE, CLOSED, FAILED = "waiting", "warmup", "active", "closed", "failed"
@@ -23,7 +23,11 @@ def _cuda_in_use() -> bool:
 
 
 class ProfilerWindow:
-    """Opens torch.profiler after `wait` steps, records `warmup` + `active`, exports, and lets go of it."""
+    """Opens torch.profiler after `wait` steps, records `warmup` + `active`, exports, and lets go of it.
+
+    With `config.every_s` it opens again, a fresh profiler each time, at the first step boundary that
+    many seconds after the previous window opened; window N writes `trace_name(N)`.
+    """
 
     def __init__(self, config: WindowConfig, run_dir: Path, emit: Callable[[dict[str, Any]], None],
                  with_stack: bool = False) -> None:
@@ -34,32 +38,44 @@ class ProfilerWindow:
         self._profiler: Any = None
         self.state = WAITING
         self.cuda = False
+        self.index = -1  # the window open now, or the last one opened
+        self._first_step = config.wait  # the first step of the window open now (or of the first one)
+        self._opened_at = 0.0  # time.monotonic() when the last window opened
 
     def state_for_step(self, step: int) -> str:
         """Which phase of the window step number `step` (0-based) falls in."""
         if self.state == FAILED:
             return FAILED
-        if step < self.config.wait:
-            return WAITING
-        if step < self.config.first_active:
+        if step < self._first_step:
+            return WAITING if self.index < 0 else CLOSED
+        if step < self._first_step + self.config.warmup:
             return WARMUP
-        return ACTIVE if step < self.config.end else CLOSED
+        return ACTIVE if step < self._first_step + self.config.warmup + self.config.active else CLOSED
 
     def on_step_completed(self, completed: int) -> None:
         if self.state == WAITING and completed >= self.config.wait:
-            self._open()
+            self._open(completed)
         elif self._profiler is not None:
             if self.state == CLOSED:
                 self._release()
+                if self._due():
+                    self._open(completed)
             else:
                 self._profiler.step()
-                if completed >= self.config.first_active and self.state == WARMUP:
+                if completed >= self._first_step + self.config.warmup and self.state == WARMUP:
                     self.state = ACTIVE
+        elif self._due():
+            self._open(completed)
+
+    def _due(self) -> bool:
+        """Whether a repeated window should open now."""
+        return (self.config.every_s is not None and self.state == CLOSED and self.index >= 0
+                and time.monotonic() - self._opened_at >= self.config.every_s)
 
     def close(self) -> None:
         """Stop early (script ended, --max-steps, Ctrl-C): an active window still writes what it recorded."""
         if self.state in (WAITING, WARMUP, ACTIVE):
-            self._emit({"kind": "window", "state": "ended_early", "from_state": self.state})
+            self._emit({"kind": "window", "state": "ended_early", "from_state": self.state, "index": max(0, self.index)})
         if self._profiler is not None:
             try:
                 self._profiler.stop()
@@ -73,7 +89,7 @@ class ProfilerWindow:
     def recording(self) -> bool:
         return self.state in (WARMUP, ACTIVE)
 
-    def _open(self) -> None:
+    def _open(self, completed: int) -> None:
         from torch.profiler import ProfilerActivity, profile, schedule
 
         self.cuda = _cuda_in_use()
@@ -91,12 +107,16 @@ class ProfilerWindow:
             self._profiler = None
             self._fail(f"torch.profiler could not start: {exc.__class__.__name__}: {exc}")
             return
+        self.index += 1
+        self._first_step = completed
+        self._opened_at = time.monotonic()
         self.state = WARMUP if self.config.warmup else ACTIVE
-        self._emit({"kind": "window", "state": "opened", "first_step": self.config.wait, "cuda": self.cuda})
+        self._emit({"kind": "window", "state": "opened", "index": self.index, "first_step": completed,
+                    "cuda": self.cuda, "trace": trace_name(self.index)})
 
     def _export(self, profiler: Any) -> None:
         started = time.perf_counter()
-        final = self._run_dir / TRACE
+        final = self._run_dir / trace_name(self.index)
         partial = self._run_dir / "trace.partial.json.gz"  # torch gzips when the name ends in .gz
         try:
             profiler.export_chrome_trace(str(partial))
@@ -106,8 +126,9 @@ class ProfilerWindow:
             return
         self.state = CLOSED
         self._emit({
-            "kind": "window", "state": "closed", "first_step": self.config.wait,
+            "kind": "window", "state": "closed", "index": self.index, "first_step": self._first_step,
             "export_s": time.perf_counter() - started, "trace_bytes": final.stat().st_size,
+            "trace": final.name,
         })
 
     def _release(self) -> None:

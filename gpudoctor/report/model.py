@@ -30,7 +30,7 @@ from urllib.parse import quote
 from gpudoctor import __version__
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.views import SeriesPoint, Step
-from gpudoctor.bundle import SCHEMA_VERSION, TRACE
+from gpudoctor.bundle import SCHEMA_VERSION
 from gpudoctor.engine import EngineResult
 
 PHASES = ("data_wait", "copy", "forward", "backward", "optimizer", "sync", "other")
@@ -144,7 +144,7 @@ def _command(target: dict[str, Any]) -> str | None:
 def _trace_file(run: Run) -> Path | None:
     if run.path is None or run.trace is None:
         return None
-    return run.path if run.trace_only else run.path / TRACE
+    return run.trace_file
 
 
 def _exception(run: Run) -> dict[str, Any] | None:
@@ -166,11 +166,11 @@ def _run_facts(run: Run) -> dict[str, Any]:
         "created": manifest.get("created"), "duration_s": manifest.get("duration_s"),
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
         "gpus": [g.get("name") for g in env.gpus], "cores": env.cores,
-        "steps_total": len(run.all_steps), "steps_analysed": len(steps),
+        "steps_total": run.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": _median([s.wall_s for s in steps]),
         "ending": exit_info.get("ending"), "exit_status": exit_info.get("status"), "exception": _exception(run),
         "window": manifest.get("window"), "trace_only": run.trace_only,
-        "trace": "trace.json.gz" if run.trace is not None and not run.trace_only else None,
+        "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
     }
 
 
@@ -281,7 +281,7 @@ def _loader_panel(steps: list[Step], buckets: _Buckets) -> dict[str, Any] | None
 
 
 def _timeline(run: Run) -> dict[str, Any] | None:
-    samples, steps = run.samples, run.all_steps
+    samples, steps = run.samples, run.run_steps
     gpu_points = [p for points in samples.gpu.values() for p in points]
     times = [p.t for p in samples.host] + [p.t for p in gpu_points] + [s.start for s in steps] + [s.end for s in steps]
     if not times:
@@ -297,6 +297,8 @@ def _timeline(run: Run) -> dict[str, Any] | None:
         "duration_s": end - start, "bucket_s": buckets.width,
         "t": [round((i + 0.5) * buckets.width, 4) for i in range(buckets.count)],
         "window": None if span is None else {"start": span[0] - start, "end": span[1] - start},
+        "other_windows": [{"start": a - start, "end": b - start} for i, (a, b) in sorted(run.window_spans.items())
+                          if i != run.window],
         "steps_per_bucket": buckets.fold([(s.start, 1.0) for s in steps], sum),
         "panels": panels,
     }
@@ -416,8 +418,13 @@ def _card(index: int, finding: dict[str, Any], run: Run, docs: Mapping[str, str]
     }
 
 
-def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation."""
+def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
+                 windows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
+
+    `windows` has one row per profiling window of a run profiled with --every (see across_windows);
+    `run` is then the window the charts show.
+    """
     steps = run.steps
     idle = _gpu_idle_share(steps)
     created = _created(run)
@@ -441,10 +448,18 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "cards": [_card(i, f, run, docs or {}, created) for i, f in enumerate(result.findings)],
         "links": {"trace": str(_trace_file(run)) if _trace_file(run) else None,
                   "run": str(run.path.resolve()) if run.path is not None else None},
+        "windows": _windows(run, windows or []),
         "findings": result.findings,
         "not_evaluated": result.not_evaluated,
         "errors": result.errors,
     }
+
+
+def _windows(shown: Run, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The windows' rows with their start as seconds into the run, and which one the charts show."""
+    started = _created(shown)
+    return [{**row, "start_s": None if started is None else max(0.0, row["start"] - started),
+             "charted": row["index"] == shown.window} for row in rows]
 
 
 def link_outputs(report: dict[str, Any], out_dir: Path) -> dict[str, Any]:

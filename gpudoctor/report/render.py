@@ -12,14 +12,19 @@ from markupsafe import Markup, escape
 
 from gpudoctor.paths import templates_dir
 from gpudoctor.report import svg
-from gpudoctor.report.units import percent, seconds
+from gpudoctor.report.units import elapsed, percent, seconds
 
-FINDINGS_KEYS = ("schema_version", "gpudoctor_version", "run", "summary", "findings", "not_evaluated", "errors")
+FINDINGS_KEYS = ("schema_version", "gpudoctor_version", "run", "summary", "findings", "not_evaluated", "errors",
+                 "windows")
 
 
 def to_json(report: dict[str, Any]) -> str:
     """findings.json: the contract other tools read."""
     return json.dumps({k: report[k] for k in FINDINGS_KEYS}, indent=2, default=str) + "\n"
+
+
+def _windows_seen(seen: list[dict[str, Any]]) -> str:
+    return ", ".join(f"#{w['index']}" + (f" ({w['impact']:.0%})" if w.get("impact") else "") for w in seen)
 
 
 def _environment() -> jinja2.Environment:
@@ -30,6 +35,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["seconds"] = seconds
     env.filters["percent"] = percent
+    env.filters["elapsed"] = elapsed
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.globals.update(step_bars=svg.step_bars, timeline=svg.timeline, kernel_histogram=svg.kernel_histogram)
@@ -71,9 +77,15 @@ def to_text(report: dict[str, Any], report_path: str | None = None, limit: int =
     if run.get("gpus"):
         facts.append(", ".join(run["gpus"]))
     lines.append("  " + "; ".join(facts))
+    windows = report.get("windows") or []
+    if len(windows) > 1:
+        charted = next((w["index"] for w in windows if w["charted"]), None)
+        lines.append(f"  {len(windows)} profiling windows; the figures below are from window #{charted}")
     for finding in report["findings"][:limit]:
         impact = f" (~{finding['impact']:.0%} of step time)" if finding.get("impact") else ""
         lines.append(f"  [{finding['severity']}] {finding['code']} {finding['title']}{impact}{_location(finding)}")
+        if len(windows) > 1 and finding.get("windows"):
+            lines.append(f"      in {_windows_seen(finding['windows'])} of {len(windows)} windows")
         if finding.get("fix"):
             lines.append(f"      fix: {finding['fix']}")
     hidden = len(report["findings"]) - limit

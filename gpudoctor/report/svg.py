@@ -179,6 +179,10 @@ def timeline(chart: dict[str, Any] | None) -> Markup:
     height = len(chart["panels"]) * (panel_h + head) + axis
     plot_top, plot_bottom = head, height - axis
     body = []
+    for other in chart.get("other_windows", []):
+        ox = x_of(other["start"])
+        body.append(_rect(ox, plot_top - 4, max(x_of(other["end"]) - ox, 3.0), plot_bottom - plot_top + 4, "window other",
+                          f"another profiling window: {other['start']:.2f}–{other['end']:.2f} s"))
     window = chart["window"]
     if window:
         wx = x_of(window["start"])

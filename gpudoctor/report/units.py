@@ -13,6 +13,18 @@ def seconds(value: float | None) -> str:
     return f"{value * 1e6:.0f} µs"
 
 
+def elapsed(value: float | None) -> str:
+    """Time into the run: 42 s, 12 min 05 s, 3 h 20 min."""
+    if value is None:
+        return "—"
+    total = int(round(value))
+    if total < 60:
+        return f"{total} s"
+    if total < 3600:
+        return f"{total // 60} min {total % 60:02d} s"
+    return f"{total // 3600} h {total % 3600 // 60:02d} min"
+
+
 def percent(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}"
 

@@ -1,0 +1,105 @@
+"""Runs profiled with `--every`: the rules run on each window, and each finding says how it varied.
+
+A finding from several windows is reported once, as seen in the window where it cost the most, with
+one row per window it fired in (`windows`). The report's charts show that window: it is where the
+largest problem is.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gpudoctor.analysis import Run
+from gpudoctor.engine import EngineResult, Rule, finding_key, rank, run_rules
+
+_NUMBER = re.compile(r"\d[\d.,]*")
+
+
+@dataclass
+class WindowResult:
+    run: Run
+    result: EngineResult
+
+
+@dataclass
+class Diagnosis:
+    run: Run  # the window the report's charts show
+    result: EngineResult  # over every window
+    windows: list[dict[str, Any]]  # one row per window, for the report
+
+
+def diagnose_windows(run: Run, rules: Iterable[Rule], options: dict[str, dict[str, Any]]) -> Diagnosis:
+    rules = list(rules)
+    if len(run.windows) < 2:
+        return Diagnosis(run, run_rules(run, rules, options), [])
+    per_window = [WindowResult(w, run_rules(w, rules, options)) for w in (run.for_window(i.index) for i in run.windows)]
+    result = EngineResult(_findings(per_window), _not_evaluated(per_window), _errors(per_window))
+    return Diagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window])
+
+
+def _impact(record: dict[str, Any]) -> float:
+    return -1.0 if record["impact"] is None else record["impact"]
+
+
+def _cause(record: dict[str, Any]) -> tuple:
+    """One cause across windows: its numbers (in a title without a call site) change from window to window."""
+    code, file, line, title = finding_key(record)
+    return code, file, line, None if title is None else _NUMBER.sub("#", title)
+
+
+def _findings(per_window: list[WindowResult]) -> list[dict[str, Any]]:
+    seen: dict[tuple, list[tuple[WindowResult, dict[str, Any]]]] = {}
+    for w in per_window:
+        for record in w.result.findings:
+            seen.setdefault(_cause(record), []).append((w, record))
+    combined = []
+    for occurrences in seen.values():
+        _, worst = max(occurrences, key=lambda o: (_impact(o[1]), o[0].run.window))
+        combined.append({
+            **worst,
+            "windows": [{"index": w.run.window, "impact": r["impact"], "severity": r["severity"]} for w, r in occurrences],
+        })
+    return rank(combined)
+
+
+def _not_evaluated(per_window: list[WindowResult]) -> list[dict[str, Any]]:
+    """Rules that could not be evaluated in any window (one evaluated in some window was evaluated)."""
+    everywhere = set.intersection(*({r["code"] for r in w.result.not_evaluated} for w in per_window))
+    return _first_per_code(r for w in per_window for r in w.result.not_evaluated if r["code"] in everywhere)
+
+
+def _errors(per_window: list[WindowResult]) -> list[dict[str, Any]]:
+    return _first_per_code(r for w in per_window for r in w.result.errors)
+
+
+def _first_per_code(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    first: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        first.setdefault(row["code"], row)
+    return list(first.values())
+
+
+def _chart_window(per_window: list[WindowResult], result: EngineResult) -> Run:
+    if result.findings:
+        top = result.findings[0]
+        worst = max(top["windows"], key=lambda w: (-1.0 if w["impact"] is None else w["impact"], w["index"]))
+        return next(w.run for w in per_window if w.run.window == worst["index"])
+    return per_window[-1].run
+
+
+def _window_row(w: WindowResult, whole: Run) -> dict[str, Any]:
+    info = next(i for i in whole.windows if i.index == w.run.window)
+    steps = w.run.steps
+    measured = [s for s in steps if s.gpu_idle_s is not None]
+    return {
+        "index": info.index, "start": info.start, "first_step": info.first_step, "trace": info.trace,
+        "steps_analysed": len(steps),
+        "median_step_s": statistics.median(s.wall_s for s in steps) if steps else None,
+        "gpu_idle_share": (sum(s.gpu_idle_s or 0.0 for s in measured) / sum(s.wall_s for s in measured)
+                           if measured and sum(s.wall_s for s in measured) > 0 else None),
+        "findings": {r["code"]: r["impact"] for r in w.result.findings},
+    }

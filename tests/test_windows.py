@@ -1,0 +1,108 @@
+"""`gpudoctor profile --every`: repeated profiling windows, and a report that compares them."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from conftest import Gpudoctor, Result, script
+from gpudoctor.analysis import Run
+from gpudoctor.paths import findings_schema
+from gpudoctor.progress import Status
+from gpudoctor.collect.config import WindowConfig
+
+LATE = script("late_starvation.py")
+LOADER_LINE = next(i for i, line in enumerate(open(LATE), start=1) if "# LOADER" in line)
+
+
+@pytest.fixture(scope="module")
+def late_run(tmp_path_factory) -> Result:
+    """100 steps: 40 fed at once, then 60 that wait for a slow loader; a window every second."""
+    gd = Gpudoctor(tmp_path_factory.mktemp("late"))
+    result = gd.profile(LATE, options=("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "3",
+                                       "--every", "1s"))
+    assert result.returncode == 0, result
+    return result
+
+
+def test_each_window_writes_its_own_trace(late_run: Result) -> None:
+    opened = [e for e in late_run.events("window") if e["state"] == "opened"]
+    closed = [e for e in late_run.events("window") if e["state"] == "closed"]
+    assert len(opened) >= 3, opened
+    assert [e["index"] for e in opened] == list(range(len(opened)))
+    assert [e["first_step"] for e in opened] == sorted({e["first_step"] for e in opened})
+    traces = [e["trace"] for e in closed]
+    assert traces[:2] == ["trace.json.gz", "trace.1.json.gz"]
+    for name in traces:
+        assert (late_run.run_dir / name).is_file()
+        assert name in late_run.manifest()["files"]
+    assert late_run.manifest()["window"]["every_s"] == 1.0
+
+
+def test_each_window_analyses_its_own_steps(late_run: Result) -> None:
+    run = Run.from_bundle(late_run.run_dir)
+    assert len(run.windows) >= 3
+    for info in run.windows:
+        window = run.for_window(info.index)
+        # The last window may be cut short by the end of the script.
+        assert len(window.steps) == 3 or (info is run.windows[-1] and 1 <= len(window.steps) <= 3)
+        assert all(s.index >= info.first_step for s in window.steps)
+        assert window.trace_file.name == info.trace
+    assert run.steps_in_run == 100
+
+
+def test_a_pathology_that_appears_late_is_found_in_the_late_windows_only(late_run: Result) -> None:
+    findings = late_run.findings()
+    windows = findings["windows"]
+    assert [w["index"] for w in windows] == list(range(len(windows)))
+    assert "GD101" not in windows[0]["findings"]  # the first 40 steps are fed at once
+    assert "GD101" in windows[-1]["findings"]  # the last ones wait for the slow shard
+    gd101 = next(f for f in findings["findings"] if f["code"] == "GD101")
+    assert gd101["location"]["line"] == LOADER_LINE
+    seen = [w["index"] for w in gd101["windows"]]
+    assert 0 not in seen and seen == sorted(seen)
+    assert gd101["impact"] == max(w["impact"] for w in gd101["windows"])  # reported where it costs the most
+    charted = [w for w in windows if w["charted"]]
+    assert len(charted) == 1 and "GD101" in charted[0]["findings"]
+    assert 1 <= findings["run"]["steps_analysed"] <= 3 and findings["run"]["steps_total"] == 100
+
+
+def test_findings_json_with_windows_matches_the_schema(late_run: Result) -> None:
+    schema = json.loads(findings_schema().read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator(schema).validate(late_run.findings())
+
+
+def test_the_report_and_summary_compare_the_windows(late_run: Result) -> None:
+    html = (late_run.run_dir / "report.html").read_text(encoding="utf-8")
+    windows = late_run.findings()["windows"]
+    assert 'id="windows"' in html and f"profiled {len(windows)} times" in html
+    assert f"{len(windows)} profiling windows" in late_run.stderr
+    assert "GD101" in late_run.stderr and "windows" in late_run.stderr.split("GD101", 1)[1].splitlines()[1]
+
+
+def test_a_run_with_one_window_has_no_window_rows(gd: Gpudoctor) -> None:
+    result = gd.profile(LATE, "--steps", "8", "--fast-steps", "8")
+    assert result.returncode == 0, result
+    assert result.findings()["windows"] == []
+    assert 'id="windows"' not in (result.run_dir / "report.html").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5m", "10x"])
+def test_a_bad_every_is_a_usage_error(gd: Gpudoctor, value: str) -> None:
+    result = gd.run("profile", "--every", value, LATE)
+    assert result.returncode == 2, result
+    assert "--every" in result.stderr and not (gd.cwd / "gpudoctor-runs").exists()
+
+
+def test_the_progress_line_counts_the_windows_recorded() -> None:
+    status = Status(WindowConfig(wait=1, warmup=1, active=3, every_s=1.0), None)
+    status.update([{"kind": "step", "step": 4, "window": "closed"},
+                   {"kind": "window", "state": "opened", "index": 0, "first_step": 1},
+                   {"kind": "window", "state": "closed", "index": 0},
+                   {"kind": "window", "state": "opened", "index": 1, "first_step": 20},
+                   {"kind": "step", "step": 22, "window": "active"}])
+    assert "profiling step 2 of 3" in status.text()  # steps 21 and 22, after the warm-up step 20
+    status.update([{"kind": "window", "state": "closed", "index": 1}])
+    assert "2 profiled windows recorded" in status.text()
