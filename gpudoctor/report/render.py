@@ -23,8 +23,15 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps({k: report[k] for k in FINDINGS_KEYS}, indent=2, default=str) + "\n"
 
 
-def _windows_seen(seen: list[dict[str, Any]]) -> str:
-    return ", ".join(f"#{w['index']}" + (f" ({w['impact']:.0%})" if w.get("impact") else "") for w in seen)
+def _windows_seen(seen: list[dict[str, Any]], total: int) -> str:
+    """'in 3 of 8 windows (#5 to #7), ~20% to ~41% of step time'."""
+    indices = [w["index"] for w in seen]
+    where = f"#{indices[0]}" if len(indices) == 1 else f"#{indices[0]} to #{indices[-1]}"
+    text = f"in {len(seen)} of {total} windows ({where})"
+    impacts = sorted(w["impact"] for w in seen if w.get("impact") is not None)
+    if impacts:
+        text += f", ~{impacts[0]:.0%}" + (f" to ~{impacts[-1]:.0%}" if len(impacts) > 1 else "") + " of step time"
+    return text
 
 
 def _environment() -> jinja2.Environment:
@@ -85,7 +92,7 @@ def to_text(report: dict[str, Any], report_path: str | None = None, limit: int =
         impact = f" (~{finding['impact']:.0%} of step time)" if finding.get("impact") else ""
         lines.append(f"  [{finding['severity']}] {finding['code']} {finding['title']}{impact}{_location(finding)}")
         if len(windows) > 1 and finding.get("windows"):
-            lines.append(f"      in {_windows_seen(finding['windows'])} of {len(windows)} windows")
+            lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
         if finding.get("fix"):
             lines.append(f"      fix: {finding['fix']}")
     hidden = len(report["findings"]) - limit
