@@ -17,6 +17,7 @@ from gpudoctor.analysis.views import (
     CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
     Step, SyncSite, ThreadInfo, WindowInfo,
 )
+from gpudoctor.collect.downsample import highest, lowest
 
 ANALYSED_WINDOW_STATES = ("active",)
 
@@ -467,7 +468,8 @@ def _host_series(host: list[dict[str, Any]], procs: list[dict[str, Any]]) -> lis
             points.append(SeriesPoint(sample["t"], {
                 "busy_cores": busy, "tree_cores": tree_cores,
                 "other_cores": max(0.0, busy - tree_cores) if tree_cores is not None else None,
-                "load1": sample.get("load", [None])[0], "mem_available": sample.get("mem_available"),
+                # Over a merged row (an old stretch of a long run), memory pressure is its worst moment.
+                "load1": sample.get("load", [None])[0], "mem_available": lowest(sample, "mem_available"),
                 "swap_in_bps": _rate(prev, sample, "swap_in", dt), "swap_out_bps": _rate(prev, sample, "swap_out", dt),
             }))
         prev, prev_tree = sample, tree
@@ -478,9 +480,12 @@ def _gpu_series(samples: list[dict[str, Any]]) -> dict[int, list[SeriesPoint]]:
     series: dict[int, list[SeriesPoint]] = defaultdict(list)
     for sample in samples:
         for row in sample.get("gpus", []):
-            values = {k: v for k, v in row.items() if k != "gpu"}
+            values = {k: v for k, v in row.items() if k not in _NOT_GPU_VALUES}
             series[int(row["gpu"])].append(SeriesPoint(sample["t"], values))
     return dict(series)
+
+
+_NOT_GPU_VALUES = frozenset({"gpu", "n", "lo", "hi", "counts"})  # an entry's id, and a merged row's extras
 
 
 def _process_infos(samples: list[dict[str, Any]]) -> list[ProcessInfo]:
@@ -498,8 +503,11 @@ def _process_infos(samples: list[dict[str, Any]]) -> list[ProcessInfo]:
         elapsed = last[0] - first[0]
         infos.append(ProcessInfo(
             pid=pid, ppid=last[1].get("ppid"), name=last[1].get("name", ""), role="main" if pid == root else "child",
-            cpu_mean=sum(rates) / len(rates) if rates else 0.0, cpu_max=max(rates, default=0.0),
-            rss_max=max(r[1].get("rss", 0) for r in rows), threads_max=max(r[1].get("threads", 0) for r in rows),
+            # CPU seconds are running totals, so this is the mean over time, however unevenly sampled.
+            cpu_mean=(last[1]["cpu_s"] - first[1]["cpu_s"]) / elapsed if elapsed > 0 else 0.0,
+            cpu_max=max(rates, default=0.0),
+            rss_max=max(highest(r[1], "rss") or 0 for r in rows),
+            threads_max=max(highest(r[1], "threads") or 0 for r in rows),
             thread_cores=_thread_cores(first[1], last[1], elapsed),
             ctx_invol_per_s=_rate(first[1], last[1], "ctx_invol", elapsed),
         ))
