@@ -98,7 +98,7 @@ def test_manifest_describes_the_run(training_run: Result) -> None:
     assert manifest["status"] == "finished"
     assert manifest["target"]["script"] == script("train_loop.py")
     assert manifest["target"]["args"][:2] == ["--steps", "8"]
-    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2}
+    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2, "every_s": None}
     assert manifest["exit"] == {**manifest["exit"], "ending": "completed", "status": 0, "returncode": 0}
     assert manifest["collectors"]["profiler"] == {"ok": True}
     assert manifest["child"]["torch"]["version"]

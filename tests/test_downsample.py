@@ -11,7 +11,7 @@ import pytest
 
 from gpudoctor.bundle import read_jsonl
 from gpudoctor.collect.downsample import (
-    DEFAULT_POLICY, Compactor, Policy, Tier, compact_file, highest, lowest, merge_records, plan,
+    DEFAULT_POLICY, Policy, Tier, compact_file, highest, lowest, merge_records, plan,
 )
 from gpudoctor.errors import BundleError
 
@@ -323,15 +323,12 @@ def test_an_empty_file_is_left_alone(tmp_path: Path) -> None:
 # -- long runs -------------------------------------------------------------------------------------------
 def run_a_day(path: Path, policy: Policy, hz: int = 1) -> list[int]:
     """A day of host samples appended an hour at a time, each hour followed by a compaction."""
-    compactor = Compactor(path, "host", every_s=3600, policy=policy)
-    compactor.maybe_compact(T0)
     rows_after = []
     for hour in range(24):
         with open(path, "a") as f:
             f.writelines(line({**host_sample(i), "t": T0 + i / hz}) for i in range(hour * 3600 * hz,
                                                                                  (hour + 1) * 3600 * hz))
-        stats = compactor.maybe_compact(T0 + (hour + 1) * 3600)
-        assert stats is not None
+        stats = compact_file(path, "host", T0 + (hour + 1) * 3600, policy)
         rows_after.append(stats.rows_after)
     assert rows_after[-1] == len(path.read_bytes().splitlines())
     return rows_after
@@ -389,17 +386,6 @@ def test_policy_rejects_tiers_that_do_not_nest() -> None:
     with pytest.raises(ValueError):
         Policy(tiers=(Tier(10.0, 3600.0), Tier(1.0, 600.0)))
     assert Policy(tiers=(Tier(2.0, 300.0),)).full_resolution_s == 300.0
-
-
-def test_the_compactor_runs_when_due(tmp_path: Path) -> None:
-    path = tmp_path / "host.jsonl"
-    compactor = Compactor(path, "host", every_s=60)
-    assert compactor.maybe_compact(T0) is None  # starts the clock
-    assert compactor.maybe_compact(T0 + 120) is None  # no file yet
-    write_minutes(path, "host", 20)
-    assert compactor.maybe_compact(T0 + 150) is None
-    stats = compactor.maybe_compact(T0 + 20 * 60)
-    assert stats is not None and stats.rewritten and stats.rows_after < stats.rows_before
 
 
 def test_rows_inside_a_kept_span_stay_raw(tmp_path: Path) -> None:

@@ -2,22 +2,96 @@
 
 They run here, never in the script's process, so that sampling cannot add GIL contention to what we
 measure. Each sample is one JSON line, written as soon as it is taken. Counters are written as running
-totals (CPU seconds, context switches, swap bytes); analysis turns them into rates.
+totals (CPU seconds, context switches, swap bytes); analysis turns them into rates. How the host and the
+tree are read is in proc_readers.
+
+For a run of hours the files stay bounded: every few minutes each one is compacted (collect.downsample),
+older samples merged into coarser rows that keep their extremes, except around the profiling windows,
+whose samples stay as they were taken.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from gpudoctor.bundle import SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
+from gpudoctor.bundle import EVENTS, SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
+from gpudoctor.collect.downsample import compact_file
 from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
+from gpudoctor.collect.proc_readers import PROCFS, ProcFiles, Reader, held_files_budget, host_reader, tree_reader
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
+# Compacting reads a file twice; every 5 minutes it costs about 0.1% of a core at the files' bounded size.
+COMPACT_EVERY_S = 300.0
+# Samples this close to a profiling window stay raw: analysis takes those within 0.5 s of the window's steps.
+WINDOW_MARGIN_S = 2.0
+
+
+class WindowSpans:
+    """The profiling windows so far, read from the script's events.jsonl as it grows (only new bytes each time)."""
+
+    def __init__(self, events: Path) -> None:
+        self._events = events
+        self._offset = 0
+        self._opened: float | None = None
+        self._spans: list[tuple[float, float]] = []
+
+    def spans(self) -> list[tuple[float, float]]:
+        """(start, end) of each window, margins included; a window still open ends in the future."""
+        self._read_new()
+        still_open = [(self._opened - WINDOW_MARGIN_S, float("inf"))] if self._opened is not None else []
+        return self._spans + still_open
+
+    def _read_new(self) -> None:
+        try:
+            with open(self._events, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line being written is read next time
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            if b'"kind":"window"' in line:
+                self._on_window(json.loads(line))
+
+    def _on_window(self, event: dict[str, Any]) -> None:
+        if event.get("state") == "opened":
+            self._opened = float(event["t"])
+        elif self._opened is not None:  # closed, failed or ended early
+            self._spans.append((self._opened - WINDOW_MARGIN_S, float(event["t"]) + WINDOW_MARGIN_S))
+            self._opened = None
+
+
+class SampleFile:
+    """One sample file: rows appended as they are taken, and compacted every COMPACT_EVERY_S."""
+
+    def __init__(self, run_dir: Path, kind: str) -> None:
+        self.kind = kind
+        self.path = run_dir / SAMPLES_DIR / SAMPLE_FILES[kind]
+        self._writer = JsonlWriter(self.path)
+        self._next_compaction = time.time() + COMPACT_EVERY_S
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._writer.write(row)
+
+    def due_for_compaction(self, now: float) -> bool:
+        return now >= self._next_compaction
+
+    def compact(self, now: float, keep: list[tuple[float, float]]) -> None:
+        self._next_compaction = now + COMPACT_EVERY_S
+        self._writer.close()  # the file is replaced: a writer left open would append to the old one
+        try:
+            compact_file(self.path, self.kind, now, keep=keep)
+        except Exception:  # noqa: BLE001 - a file that cannot be compacted stays as it is; sampling goes on
+            pass
+        self._writer = JsonlWriter(self.path)
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 class _Ticker(threading.Thread):
@@ -56,77 +130,47 @@ class HostSampler(_Ticker):
 
     def __init__(self, run_dir: Path, interval_s: float) -> None:
         super().__init__("gpudoctor-host-sampler", interval_s)
-        self._host = JsonlWriter(run_dir / SAMPLES_DIR / SAMPLE_FILES["host"])
-        self._procs = JsonlWriter(run_dir / SAMPLES_DIR / SAMPLE_FILES["procs"])
-        self._root: psutil.Process | None = None
-        self._known: dict[int, psutil.Process] = {}
-        psutil.cpu_percent(percpu=True)  # the first call only sets the baseline
+        self._host = SampleFile(run_dir, "host")
+        self._procs = SampleFile(run_dir, "procs")
+        self._windows = WindowSpans(run_dir / EVENTS)
+        self._files = ProcFiles(held_files_budget()) if PROCFS else None
+        self._host_reader = host_reader(self._files)
+        self._tree: Reader | None = None
 
     def watch(self, pid: int) -> None:
-        try:
-            self._root = psutil.Process(pid)
-        except psutil.Error:
-            self._root = None
+        self._tree = tree_reader(self._files, pid)
 
     def tick(self) -> None:
         t = time.time()
-        self._host.write({"t": t, **_host_sample()})
-        if self._root is not None:
-            self._procs.write({"t": t, "procs": self._tree_sample()})
-
-    def _tree_sample(self) -> list[dict[str, Any]]:
-        try:
-            members = [self._root, *self._root.children(recursive=True)]
-        except psutil.Error:  # the root has exited
-            members = []
-        # Keep one Process object per pid so psutil can tell a reused pid from the same process.
-        current = {p.pid: self._known.get(p.pid, p) for p in members}
-        self._known = current
-        rows = []
-        for process in current.values():
-            row = _process_sample(process)
-            if row is not None:
-                rows.append(row)
-        return rows
+        self._host.write({"t": t, **self._host_reader.sample()})
+        if self._tree is not None:
+            self._procs.write({"t": t, "procs": self._tree.sample()})
+        if self._host.due_for_compaction(t):
+            keep = self._windows.spans()
+            for file in (self._host, self._procs):  # the same `now`, so their merged rows keep the same times
+                file.compact(t, keep)
 
     def close(self) -> None:
         self._host.close()
         self._procs.close()
-
-
-def _host_sample() -> dict[str, Any]:
-    memory, swap = psutil.virtual_memory(), psutil.swap_memory()
-    return {
-        "cpu_pct": psutil.cpu_percent(percpu=True), "load": list(psutil.getloadavg()),
-        "mem_total": memory.total, "mem_available": memory.available,
-        "swap_used": swap.used, "swap_in": swap.sin, "swap_out": swap.sout,
-    }
-
-
-def _process_sample(process: psutil.Process) -> dict[str, Any] | None:
-    try:
-        with process.oneshot():
-            times = process.cpu_times()
-            switches = process.num_ctx_switches()
-            return {
-                "pid": process.pid, "ppid": process.ppid(), "name": process.name(),
-                "cpu_s": times.user + times.system, "rss": process.memory_info().rss,
-                "threads": process.num_threads(), "ctx_vol": switches.voluntary, "ctx_invol": switches.involuntary,
-                "thread_cpu": {str(th.id): th.user_time + th.system_time for th in process.threads()},
-            }
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return None
+        if not self.is_alive():  # a tick still running would read a closed (or reused) descriptor
+            for reader in (self._host_reader, self._tree):
+                if reader is not None:
+                    reader.close()
 
 
 class GpuSampler(_Ticker):
     def __init__(self, run_dir: Path, interval_s: float, nvml: Nvml) -> None:
         super().__init__("gpudoctor-gpu-sampler", interval_s)
         self._nvml = nvml
-        self._out = JsonlWriter(run_dir / SAMPLES_DIR / SAMPLE_FILES["gpu"])
+        self._out = SampleFile(run_dir, "gpu")
+        self._windows = WindowSpans(run_dir / EVENTS)
 
     def tick(self) -> None:
         t = time.time()
         self._out.write({"t": t, "gpus": self._nvml.sample(with_pcie=self.samples % PCIE_EVERY == 0)})
+        if self._out.due_for_compaction(t):
+            self._out.compact(t, self._windows.spans())
 
     def close(self) -> None:
         self._out.close()

@@ -1,0 +1,494 @@
+"""Readers of the host and of the script's process tree, for the host sampler.
+
+On Linux the host and the tree are read from /proc directly: each file is opened once and read again
+with one `pread` per sample. Instead of scanning every process on the host at each sample, the tree is
+walked through /proc/PID/task/TID/children once a second, and in between only the pids handed out since
+the last sample are looked at. Elsewhere psutil does the same work. The rows have the same fields
+either way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+from typing import Any, Protocol
+
+import psutil
+
+REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
+NEW_PIDS_MAX = 32  # more new pids than this since the last sample are left to the next walk of the tree
+HELD_FILES_MAX = 512  # /proc files kept open between samples, at most (and at most a quarter of the fd limit)
+PID_READ_SIZE = 8192  # first read size for a /proc/PID file (stat, status and children are shorter)
+HOST_READ_SIZE = 65536  # first read size for /proc/stat and /proc/vmstat; a longer file is read again whole
+
+PROCFS = sys.platform.startswith("linux") and os.path.isdir("/proc/self/task")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if PROCFS else 100
+SWAP_PAGE = 4096  # /proc/vmstat counts pswpin and pswpout in 4 KiB pages
+
+
+class Reader(Protocol):
+    def sample(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def host_reader(files: ProcFiles | None) -> Reader:
+    if files is not None:
+        try:
+            return ProcfsHost(files)
+        except (OSError, ValueError):  # a /proc without some of these files (some sandboxes): psutil copes
+            pass
+    return PsutilHost()
+
+
+def tree_reader(files: ProcFiles | None, pid: int) -> Reader | None:
+    if files is not None:
+        try:
+            return ProcfsTree(files, pid)
+        except (OSError, ValueError):  # the script has exited, or /proc lacks a file: psutil tells which
+            pass
+    try:
+        return PsutilTree(pid)
+    except psutil.Error:  # the script has already exited
+        return None
+
+
+# -- /proc (Linux) -------------------------------------------------------------------------------------
+
+
+def held_files_budget() -> int:
+    import resource  # POSIX only
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return HELD_FILES_MAX if soft == resource.RLIM_INFINITY else min(HELD_FILES_MAX, soft // 4)
+
+
+class ProcFiles:
+    """Opens /proc files to be read again and again, holding at most `budget` of them open at once."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+
+    def open(self, path: str, size: int = PID_READ_SIZE) -> HeldFile | PathFile:
+        """Raises OSError when the file does not exist (its process or thread has exited)."""
+        if self.held < self.budget:
+            return HeldFile(self, path, size)
+        return PathFile(path, size)
+
+    def open_all(self, *paths: str, size: int = PID_READ_SIZE) -> list[HeldFile | PathFile]:
+        """All of them, or OSError with none left open."""
+        opened = []
+        try:
+            for path in paths:
+                opened.append(self.open(path, size))
+        except OSError:
+            for file in opened:
+                file.close()
+            raise
+        return opened
+
+
+class HeldFile:
+    """A /proc file kept open. A pread at offset 0 returns its current content in one system call; once its
+    process (or thread) has exited, reads fail, even if the pid has been given to another process since."""
+
+    __slots__ = ("_fd", "_size", "_files")
+
+    def __init__(self, files: ProcFiles, path: str, size: int) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._size, self._files = size, files
+        files.held += 1
+
+    def read(self) -> bytes:
+        data, self._size = _read_whole(self._fd, self._size)
+        return data
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self._files.held -= 1
+
+
+class PathFile:
+    """A /proc file opened for each read, once the budget of held files is spent."""
+
+    __slots__ = ("_path", "_size")
+
+    def __init__(self, path: str, size: int) -> None:
+        os.stat(path)
+        self._path, self._size = path, size
+
+    def read(self) -> bytes:
+        return _read_file(self._path, self._size)
+
+    def close(self) -> None:
+        pass
+
+
+def _read_file(path: str, size: int = PID_READ_SIZE) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _read_whole(fd, size)[0]
+    finally:
+        os.close(fd)
+
+
+def _read_whole(fd: int, size: int) -> tuple[bytes, int]:
+    """The file's content, and the read size that held all of it."""
+    data = os.pread(fd, size, 0)
+    while len(data) == size:
+        size *= 4
+        data = os.pread(fd, size, 0)
+    return data, size
+
+
+def _stat_fields(stat: bytes) -> tuple[bytes, list[bytes]]:
+    """The command name and the fields after it, of a /proc/PID/stat line (the name may hold spaces and ')')."""
+    close = stat.rfind(b")")
+    return stat[stat.find(b"(") + 1:close], stat[close + 2:].split()
+
+
+def _tick_seconds(utime: bytes, stime: bytes) -> float:
+    return int(utime) / CLOCK_TICKS + int(stime) / CLOCK_TICKS
+
+
+class ProcfsHost:
+    """Per-core CPU from /proc/stat, load from /proc/loadavg, memory from /proc/meminfo, swap from /proc/vmstat."""
+
+    def __init__(self, files: ProcFiles) -> None:
+        self._files = files.open_all("/proc/stat", "/proc/loadavg", "/proc/meminfo", "/proc/vmstat",
+                                     size=HOST_READ_SIZE)
+        self._stat, self._loadavg, self._meminfo, self._vmstat = self._files
+        self._last_cores = _core_ticks(self._stat.read())
+
+    def sample(self) -> dict[str, Any]:
+        cores = _core_ticks(self._stat.read())
+        busy = [_busy_percent(before, now) for before, now in zip(self._last_cores, cores)]
+        self._last_cores = cores
+        meminfo, vmstat = b"\n" + self._meminfo.read(), self._vmstat.read()
+        swap_total = _counter(meminfo, b"SwapTotal:")
+        # MemAvailable is missing only before Linux 3.14, where psutil estimates it
+        available = _counter(meminfo, b"MemAvailable:") * 1024 or psutil.virtual_memory().available
+        return {
+            "cpu_pct": busy, "load": [float(x) for x in self._loadavg.read().split()[:3]],
+            "mem_total": _counter(meminfo, b"MemTotal:") * 1024,
+            "mem_available": available,
+            "swap_used": (swap_total - _counter(meminfo, b"SwapFree:")) * 1024,
+            "swap_in": _counter(vmstat, b"pswpin ") * SWAP_PAGE, "swap_out": _counter(vmstat, b"pswpout ") * SWAP_PAGE,
+        }
+
+    def close(self) -> None:
+        for file in self._files:
+            file.close()
+
+
+def _core_ticks(stat: bytes) -> list[list[int]]:
+    """Per core: user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice (clock ticks)."""
+    lines = stat.split(b"\n")
+    return [[int(x) for x in line.split()[1:11]] for line in lines[1:] if line.startswith(b"cpu")]
+
+
+def _busy_percent(before: list[int], now: list[int]) -> float:
+    """psutil.cpu_percent's formula: a counter that went back counts as 0; guest time is already in user and nice."""
+    deltas = [max(0, b - a) for a, b in zip(before, now)]
+    total = sum(deltas) - sum(deltas[8:10])
+    busy = total - deltas[3] - deltas[4]
+    return round(busy / total * 100, 1) if total else 0.0
+
+
+def _counter(text: bytes, name: bytes) -> int:
+    """The number after `name` at the start of a line of /proc/meminfo or /proc/vmstat; 0 when absent."""
+    at = text.find(b"\n" + name)
+    if at < 0:
+        return 0
+    start = at + 1 + len(name)
+    return int(text[start:text.find(b"\n", start)].split()[0])
+
+
+class ProcfsTree:
+    """The process tree under one pid. Its processes are read at every sample; new ones are found by walking
+    the tree every REDISCOVER_S and, in between, among the pids handed out since the last sample."""
+
+    def __init__(self, files: ProcFiles, root: int) -> None:
+        self._files = files
+        self._root = root
+        self._loadavg = files.open("/proc/loadavg")
+        try:
+            self._last_pid = _last_pid(self._loadavg.read())
+            self._members = {root: TrackedProcess(files, root)}
+        except (OSError, ValueError):
+            self._loadavg.close()
+            raise
+        self._children_files = os.path.exists(f"/proc/{root}/task/{root}/children")
+        self._walked_at = float("-inf")
+
+    def sample(self) -> list[dict[str, Any]]:
+        if self._root not in self._members:  # the script has exited
+            return []
+        self._find_new_processes()
+        rows = []
+        for pid, member in list(self._members.items()):
+            row = member.sample()
+            if row is None:
+                self._drop(pid)
+            else:
+                rows.append(row)
+        if self._root not in self._members:
+            self.close()
+            return []
+        return rows
+
+    def close(self) -> None:
+        for pid in list(self._members):
+            self._drop(pid)
+        self._loadavg.close()
+
+    def _find_new_processes(self) -> None:
+        now, last_pid = time.monotonic(), _last_pid(self._loadavg.read())
+        if now - self._walked_at >= REDISCOVER_S:
+            self._walk()
+            self._walked_at = now
+        elif 0 < last_pid - self._last_pid <= NEW_PIDS_MAX:  # pids are handed out in increasing order (until they wrap)
+            for pid in range(self._last_pid + 1, last_pid + 1):
+                if _parent_pid(pid) in self._members and _is_process(pid):
+                    self._member(pid)
+        self._last_pid = last_pid
+
+    def _walk(self) -> None:
+        scanned = None if self._children_files else _children_by_scan()
+        found, seen = [self._root], {self._root}
+        for pid in found:  # grows as children are found
+            member = self._member(pid)
+            if member is None:
+                continue
+            children = member.child_pids() if scanned is None else scanned.get(pid, [])
+            for child in children:
+                if child not in seen:
+                    seen.add(child)
+                    found.append(child)
+        for pid in set(self._members) - seen:
+            self._drop(pid)
+
+    def _member(self, pid: int) -> TrackedProcess | None:
+        member = self._members.get(pid)
+        if member is not None:
+            return member
+        try:
+            member = self._members[pid] = TrackedProcess(self._files, pid)
+        except OSError:  # it exited meanwhile
+            return None
+        return member
+
+    def _drop(self, pid: int) -> None:
+        self._members.pop(pid).close()
+
+
+def _last_pid(loadavg: bytes) -> int:
+    """The pid (of a process or a thread) handed out last: the last field of /proc/loadavg."""
+    return int(loadavg.rsplit(None, 1)[-1])
+
+
+def _parent_pid(pid: int) -> int | None:
+    """For a thread's id, the parent of its process."""
+    try:
+        return int(_stat_fields(_read_file(f"/proc/{pid}/stat"))[1][1])
+    except OSError:
+        return None
+
+
+def _is_process(pid: int) -> bool:
+    try:
+        return _status_count(_read_file(f"/proc/{pid}/status"), b"\nTgid:") == pid
+    except OSError:
+        return False
+
+
+def _children_by_scan() -> dict[int, list[int]]:
+    """Every process's children, from every /proc/PID/stat on the host, where /proc has no children files."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                _, fields = _stat_fields(_read_file(f"/proc/{entry}/stat"))
+            except OSError:
+                continue
+            children[int(fields[1])].append(int(entry))
+    return children
+
+
+class TrackedProcess:
+    """One process of the tree and its threads, with their /proc files held between samples."""
+
+    def __init__(self, files: ProcFiles, pid: int) -> None:
+        self.pid = pid
+        self._files = files
+        self._stat, self._status = files.open_all(f"/proc/{pid}/stat", f"/proc/{pid}/status")
+        self._threads: dict[str, HeldFile | PathFile] = {}
+        self._children: dict[str, HeldFile | PathFile] = {}
+        self._comm, self._name = b"", ""
+
+    def sample(self) -> dict[str, Any] | None:
+        """None once the process has exited."""
+        try:
+            comm, fields = _stat_fields(self._stat.read())
+            status = self._status.read()
+            threads = int(fields[17])
+            if threads != len(self._threads):
+                self._list_threads()
+        except OSError:
+            return None
+        return {
+            "pid": self.pid, "ppid": int(fields[1]), "name": self._name_of(comm),
+            "cpu_s": _tick_seconds(fields[11], fields[12]), "rss": _resident_bytes(status), "threads": threads,
+            "ctx_vol": _status_count(status, b"\nvoluntary_ctxt_switches:"),
+            "ctx_invol": _status_count(status, b"\nnonvoluntary_ctxt_switches:"),
+            "thread_cpu": self._thread_cpu(),
+        }
+
+    def _list_threads(self) -> None:
+        tids = sorted(os.listdir(f"/proc/{self.pid}/task"))
+        for tid in set(self._threads) - set(tids):
+            self._forget_thread(tid)
+        for tid in tids:
+            if tid not in self._threads:
+                try:
+                    self._threads[tid] = self._files.open(f"/proc/{self.pid}/task/{tid}/stat")
+                except OSError:  # the thread has exited
+                    pass
+
+    def child_pids(self) -> list[int]:
+        """The children of all its threads (a child belongs to the thread that started it)."""
+        try:
+            self._list_threads()
+        except OSError:
+            return []
+        pids = []
+        for tid in self._threads:
+            try:
+                pids.extend(int(pid) for pid in self._children_file(tid).read().split())
+            except OSError:
+                continue
+        return pids
+
+    def close(self) -> None:
+        for tid in list(self._threads):
+            self._forget_thread(tid)
+        self._stat.close()
+        self._status.close()
+
+    def _thread_cpu(self) -> dict[str, float]:
+        cpu, gone = {}, []
+        for tid, file in self._threads.items():
+            try:
+                stat = file.read()
+            except OSError:
+                gone.append(tid)
+                continue
+            fields = stat[stat.rfind(b")") + 2:].split(None, 13)
+            cpu[tid] = _tick_seconds(fields[11], fields[12])
+        for tid in gone:
+            self._forget_thread(tid)
+        return cpu
+
+    def _children_file(self, tid: str) -> HeldFile | PathFile:
+        file = self._children.get(tid)
+        if file is None:
+            file = self._children[tid] = self._files.open(f"/proc/{self.pid}/task/{tid}/children")
+        return file
+
+    def _forget_thread(self, tid: str) -> None:
+        for files in (self._threads, self._children):
+            file = files.pop(tid, None)
+            if file is not None:
+                file.close()
+
+    def _name_of(self, comm: bytes) -> str:
+        if comm != self._comm:
+            self._comm, self._name = comm, _process_name(self.pid, os.fsdecode(comm))
+        return self._name
+
+
+def _resident_bytes(status: bytes) -> int:
+    """VmRSS: what psutil's rss (/proc/PID/statm) says; /proc/PID/stat's rss may be an estimate. A zombie has none."""
+    return _status_count(status, b"\nVmRSS:") * 1024 if b"\nVmRSS:" in status else 0
+
+
+def _status_count(status: bytes, key: bytes) -> int:
+    start = status.index(key) + len(key)
+    return int(status[start:status.index(b"\n", start)].split()[0])
+
+
+def _process_name(pid: int, comm: str) -> str:
+    """psutil's name: the kernel keeps 15 characters of it; the command line's first word may have the rest."""
+    if len(comm) < 15:
+        return comm
+    try:
+        cmdline = _read_file(f"/proc/{pid}/cmdline")
+    except OSError:
+        return comm
+    args = cmdline[:-1].split(b"\0") if cmdline.endswith(b"\0") else [cmdline]
+    first = args[0] if len(args) > 1 else args[0].split(b" ")[0]
+    full = os.path.basename(os.fsdecode(first))
+    return full if full.startswith(comm) else comm
+
+
+# -- psutil (other systems) ----------------------------------------------------------------------------
+
+
+class PsutilHost:
+    def __init__(self) -> None:
+        psutil.cpu_percent(percpu=True)  # the first call only sets the baseline
+
+    def sample(self) -> dict[str, Any]:
+        memory, swap = psutil.virtual_memory(), psutil.swap_memory()
+        return {
+            "cpu_pct": psutil.cpu_percent(percpu=True), "load": list(psutil.getloadavg()),
+            "mem_total": memory.total, "mem_available": memory.available,
+            "swap_used": swap.used, "swap_in": swap.sin, "swap_out": swap.sout,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+class PsutilTree:
+    def __init__(self, root: int) -> None:
+        self._root = psutil.Process(root)
+        self._known: dict[int, psutil.Process] = {}
+
+    def sample(self) -> list[dict[str, Any]]:
+        try:
+            members = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:  # the root has exited
+            members = []
+        # Keep one Process object per pid so psutil can tell a reused pid from the same process.
+        current = {p.pid: self._known.get(p.pid, p) for p in members}
+        self._known = current
+        rows = []
+        for process in current.values():
+            row = _psutil_process_sample(process)
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        pass
+
+
+def _psutil_process_sample(process: psutil.Process) -> dict[str, Any] | None:
+    try:
+        with process.oneshot():
+            times = process.cpu_times()
+            switches = process.num_ctx_switches()
+            return {
+                "pid": process.pid, "ppid": process.ppid(), "name": process.name(),
+                "cpu_s": times.user + times.system, "rss": process.memory_info().rss,
+                "threads": process.num_threads(), "ctx_vol": switches.voluntary, "ctx_invol": switches.involuntary,
+                "thread_cpu": {str(th.id): th.user_time + th.system_time for th in process.threads()},
+            }
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None

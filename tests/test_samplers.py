@@ -1,0 +1,282 @@
+"""The parent's host and process-tree samplers: /proc read directly gives what psutil gives, new processes
+are found, exited ones are skipped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpudoctor.collect import proc_readers
+from gpudoctor.collect.proc_readers import ProcFiles, ProcfsHost, ProcfsTree, PsutilHost, PsutilTree
+from gpudoctor.collect.samplers import HostSampler
+
+pytestmark = pytest.mark.skipif(not proc_readers.PROCFS, reason="reads /proc (Linux)")
+
+# A worker: one extra thread, then waits until its parent closes its stdin (or dies).
+WORKER = (
+    "import sys, threading, time\n"
+    "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "print('up', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+# The script's process: some CPU time, three idle threads, one worker; then it follows commands on stdin.
+ROOT = (
+    "import subprocess, sys, threading, time\n"
+    "sum(range(3_000_000))\n"
+    "for _ in range(3):\n"
+    "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "workers = []\n"
+    "def spawn():\n"
+    "    w = subprocess.Popen([sys.executable, '-c', sys.argv[1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+    "    w.stdout.readline()\n"
+    "    workers.append(w)\n"
+    "    print(w.pid, flush=True)\n"
+    "spawn()\n"
+    "for line in sys.stdin:\n"
+    "    if line.strip() == 'spawn':\n"
+    "        spawn()\n"
+    "    elif line.strip() == 'end-first-worker':\n"
+    "        workers[0].kill(); workers[0].wait(); print('ended', flush=True)\n"
+)
+
+
+class Tree:
+    """A running ROOT process; `command()` sends it one line and returns its answer."""
+
+    def __init__(self) -> None:
+        self.root = subprocess.Popen([sys.executable, "-c", ROOT, WORKER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.workers = [int(self.root.stdout.readline())]
+
+    @property
+    def pid(self) -> int:
+        return self.root.pid
+
+    def command(self, line: str) -> str:
+        self.root.stdin.write(line + "\n")
+        self.root.stdin.flush()
+        return self.root.stdout.readline().strip()
+
+    def spawn(self) -> int:
+        self.workers.append(int(self.command("spawn")))
+        return self.workers[-1]
+
+    def close(self) -> None:
+        for pid in self.workers:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        self.root.kill()
+        self.root.wait()
+
+
+@pytest.fixture
+def tree():
+    running = Tree()
+    yield running
+    running.close()
+
+
+def _rows(reader: ProcfsTree | PsutilTree) -> dict[int, dict]:
+    return {row["pid"]: row for row in reader.sample()}
+
+
+def test_process_values_match_psutil(tree: Tree) -> None:
+    ours = _rows(ProcfsTree(ProcFiles(64), tree.pid))
+    theirs = _rows(PsutilTree(tree.pid))
+    assert set(ours) == set(theirs) == {tree.pid, tree.workers[0]}
+    for pid, row in ours.items():
+        other = theirs[pid]
+        assert list(row) == list(other)  # the same keys, in the same order
+        for key in ("pid", "ppid", "name", "rss", "threads"):
+            assert row[key] == other[key], key
+        assert row["cpu_s"] == pytest.approx(other["cpu_s"], abs=0.02)
+        assert set(row["thread_cpu"]) == set(other["thread_cpu"])
+        for tid, seconds in row["thread_cpu"].items():
+            assert seconds == pytest.approx(other["thread_cpu"][tid], abs=0.02)
+        assert 0 <= other["ctx_vol"] - row["ctx_vol"] <= 5 and 0 <= other["ctx_invol"] - row["ctx_invol"] <= 5
+    root = ours[tree.pid]
+    assert root["threads"] == 4 and root["cpu_s"] > 0.01  # its main thread and three idle ones; the sum it made
+    assert ours[tree.workers[0]]["ppid"] == tree.pid
+
+
+def test_the_root_comes_first(tree: Tree) -> None:
+    assert ProcfsTree(ProcFiles(64), tree.pid).sample()[0]["pid"] == tree.pid
+
+
+def test_without_held_files_the_values_are_the_same(tree: Tree) -> None:
+    held = _rows(ProcfsTree(ProcFiles(64), tree.pid))
+    opened_each_time = _rows(ProcfsTree(ProcFiles(0), tree.pid))
+    assert held.keys() == opened_each_time.keys()
+    for pid, row in held.items():
+        assert set(row["thread_cpu"]) == set(opened_each_time[pid]["thread_cpu"])
+        assert row["rss"] == opened_each_time[pid]["rss"]
+
+
+def test_host_values_match_psutil() -> None:
+    files = ProcFiles(8)
+    ours, theirs = ProcfsHost(files).sample(), PsutilHost().sample()
+    assert list(ours) == list(theirs)
+    assert len(ours["cpu_pct"]) == psutil.cpu_count() and all(0 <= p <= 100 for p in ours["cpu_pct"])
+    for key in ("mem_total", "swap_in", "swap_out"):
+        assert ours[key] == theirs[key], key
+    assert ours["mem_available"] == pytest.approx(theirs["mem_available"], rel=0.05)
+    assert ours["swap_used"] == pytest.approx(theirs["swap_used"], abs=64 << 20)
+    assert ours["load"] == pytest.approx(theirs["load"], abs=0.5)
+
+
+def test_busy_percent_is_psutils_formula() -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice; iowait went back by 5 ticks
+    before = [100, 0, 50, 1000, 20, 0, 0, 0, 10, 0]
+    after = [160, 0, 70, 1100, 15, 0, 0, 0, 30, 0]
+    # deltas 60 user, 20 system, 100 idle, iowait counted as 0, 20 guest (already in user): 80 busy of 180
+    assert proc_readers._busy_percent(before, after) == round(80 / 180 * 100, 1)
+
+
+def test_a_worker_started_later_is_found_within_the_walk_interval(tree: Tree, monkeypatch) -> None:
+    monkeypatch.setattr(proc_readers, "NEW_PIDS_MAX", 0)  # only the walk of the whole tree can find it
+    reader = ProcfsTree(ProcFiles(64), tree.pid)
+    reader.sample()
+    worker = tree.spawn()
+    assert _found_within(reader, worker, proc_readers.REDISCOVER_S + 0.5)
+
+
+def test_a_worker_started_later_is_found_by_its_new_pid(tree: Tree, monkeypatch) -> None:
+    monkeypatch.setattr(proc_readers, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
+    reader = ProcfsTree(ProcFiles(64), tree.pid)
+    reader.sample()
+    worker = tree.spawn()
+    # unless more than NEW_PIDS_MAX pids were handed out meanwhile on this host
+    if not _found_within(reader, worker, 0.3):
+        pytest.skip("too many new pids on this host meanwhile")
+
+
+def _found_within(reader: ProcfsTree, pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        rows = _rows(reader)
+        if pid in rows:
+            assert rows[pid]["threads"] == 2 and len(rows[pid]["thread_cpu"]) == 2
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_an_exited_worker_is_skipped(tree: Tree) -> None:
+    reader = ProcfsTree(ProcFiles(64), tree.pid)
+    assert set(_rows(reader)) == {tree.pid, tree.workers[0]}
+    assert tree.command("end-first-worker") == "ended"
+    assert set(_rows(reader)) == {tree.pid}  # known, then gone before this sample read it
+
+
+def test_after_the_root_exits_samples_are_empty(tree: Tree) -> None:
+    files = ProcFiles(64)
+    reader = ProcfsTree(files, tree.pid)
+    assert reader.sample()
+    tree.root.kill()
+    tree.root.wait()
+    assert reader.sample() == [] and reader.sample() == []
+    assert files.held == 0
+
+
+def test_a_thread_that_exits_is_dropped() -> None:
+    script = ("import threading, time\n"
+              "t = threading.Thread(target=time.sleep, args=(0.5,)); t.start()\n"
+              "print('up', flush=True); time.sleep(3600)\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        process.stdout.readline()
+        reader = ProcfsTree(ProcFiles(64), process.pid)
+        assert len(reader.sample()[0]["thread_cpu"]) == 2
+        time.sleep(0.7)
+        row = reader.sample()[0]
+        assert row["threads"] == 1 and list(row["thread_cpu"]) == [str(process.pid)]
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp_path: Path) -> None:
+    sampler = HostSampler(tmp_path, 0.05)
+    sampler.watch(tree.pid)
+    sampler.start()
+    time.sleep(0.5)
+    sampler.stop()
+    assert sampler.samples >= 5 and sampler.cpu_s > 0
+    assert sampler._files.held == 0
+    host = [json.loads(line) for line in (tmp_path / "samples" / "host.jsonl").read_text().splitlines()]
+    procs = [json.loads(line) for line in (tmp_path / "samples" / "procs.jsonl").read_text().splitlines()]
+    assert len(host) == len(procs) == sampler.samples
+    assert list(host[-1]) == ["t", "cpu_pct", "load", "mem_total", "mem_available", "swap_used", "swap_in",
+                              "swap_out"]
+    assert [p["pid"] for p in procs[-1]["procs"]] == [tree.pid, tree.workers[0]]
+    assert list(procs[-1]["procs"][0]) == ["pid", "ppid", "name", "cpu_s", "rss", "threads", "ctx_vol",
+                                           "ctx_invol", "thread_cpu"]
+
+
+def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:
+    python = tmp_path / "python-with-a-long-name"
+    python.symlink_to(sys.executable)
+    process = subprocess.Popen([str(python), "-c", "print('up', flush=True); import time; time.sleep(3600)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        process.stdout.readline()
+        row = ProcfsTree(ProcFiles(64), process.pid).sample()[0]
+        assert row["name"] == psutil.Process(process.pid).name() == "python-with-a-long-name"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_psutil_reads_the_tree_where_proc_cannot(tree: Tree) -> None:
+    assert isinstance(proc_readers.tree_reader(None, tree.pid), PsutilTree)
+    assert isinstance(proc_readers.host_reader(None), PsutilHost)
+    assert isinstance(proc_readers.tree_reader(ProcFiles(64), tree.pid), ProcfsTree)
+    tree.root.kill()
+    tree.root.wait()
+    assert proc_readers.tree_reader(ProcFiles(64), tree.pid) is None
+
+
+# -- long runs: compaction and the profiling windows ------------------------------------------------
+
+
+def test_window_spans_follow_the_events_file_as_it_grows(tmp_path) -> None:
+    from gpudoctor.collect.samplers import WINDOW_MARGIN_S, WindowSpans
+
+    events = tmp_path / "events.jsonl"
+    spans = WindowSpans(events)
+    assert spans.spans() == []  # no file yet
+    with open(events, "w") as f:
+        f.write(json.dumps({"kind": "step", "step": 0, "t": 99.0}, separators=(",", ":")) + "\n")
+        f.write(json.dumps({"kind": "window", "state": "opened", "index": 0, "t": 100.0}, separators=(",", ":")) + "\n")
+    assert spans.spans() == [(100.0 - WINDOW_MARGIN_S, float("inf"))]  # open: nothing after it is merged
+    with open(events, "a") as f:
+        f.write(json.dumps({"kind": "window", "state": "closed", "index": 0, "t": 103.0}, separators=(",", ":")) + "\n")
+        f.write('{"kind":"window","state":"opened"')  # a line being written
+    assert spans.spans() == [(100.0 - WINDOW_MARGIN_S, 103.0 + WINDOW_MARGIN_S)]
+
+
+def test_a_sample_file_compacts_old_rows_and_keeps_appending(tmp_path) -> None:
+    from gpudoctor.bundle import read_jsonl
+    from gpudoctor.collect.samplers import SampleFile
+
+    file = SampleFile(tmp_path, "host")
+    start = time.time() - 3600
+    for i in range(36_000):  # an hour at 10 Hz, the first 30 minutes of it long past
+        file.write({"t": start + i / 10, "cpu_pct": [float(i % 100)], "mem_available": 10**9 - i, "swap_in": i})
+    window = (start + 600.0, start + 603.0)
+    file.compact(start + 3600, keep=[window])
+    file.write({"t": start + 3600.1, "cpu_pct": [1.0], "mem_available": 1, "swap_in": 36_000})
+    file.close()
+    rows = list(read_jsonl(file.path))
+    assert len(rows) < 36_000 / 2
+    assert rows[-1]["t"] == start + 3600.1  # written after the compaction, into the new file
+    assert min(r.get("lo", r)["mem_available"] for r in rows[:-1]) == 10**9 - 35_999
+    assert all("n" not in r for r in rows if window[0] <= r["t"] <= window[1])
