@@ -1,11 +1,16 @@
-"""Overhead of `gpudoctor profile`: the same GPU job plain and profiled, alternating, side by side.
+"""Overhead of `gpudoctor profile`: the same GPU jobs plain, profiled, and under an always-on profiler, side by side.
 
-    PYTHONPATH=$PWD python3 bench/overhead.py --seconds 60 --pairs 2
+    PYTHONPATH=$PWD python3 bench/overhead.py [--workloads resnet,transformer] [--seconds 60] [--pairs 2]
+                                              [--batch-size N] [--small] [--run-timeout S]
 
-Calibrates a step count that takes about --seconds plain, then alternates plain and profiled runs
-(default window) and prints each run's wall time, the median wall-time ratio, and the ratio of the
-job's own throughput after the profiling window. With --always-on it also runs the job under a bare
-torch.profiler that records every step, to show what the bounded window saves.
+For each workload (bench/workload_resnet.py, bench/workload_transformer.py) it calibrates a step count that
+takes about --seconds plain, then runs the job in three modes, in alternating order within each pair: plain,
+under `python -m gpudoctor profile` (default window), and under a bare torch.profiler that records every
+step and exports its trace at the end (the export counts in its wall time). It prints a table per workload:
+each run's wall time, the whole-job wall-time ratio to plain, the ratio of the job's own throughput after
+the profiling window (plain / mode), the trace sizes, and the CPU that gpudoctor's samplers used in its own
+process; then whether gpudoctor meets its targets. A run that fails or runs past --run-timeout (default
+60 s + 5 × --seconds) is reported and the rest go on. --small shrinks the models for a quick try on a CPU.
 """
 
 from __future__ import annotations
@@ -14,66 +19,316 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKLOAD = Path(__file__).with_name("workload_resnet.py")
+BENCH = Path(__file__).resolve().parent
+WORKLOADS = {"resnet": BENCH / "workload_resnet.py", "transformer": BENCH / "workload_transformer.py"}
+MODES = ("plain", "gpudoctor", "always-on")
+WALL_TARGET = 1.05
+THROUGHPUT_TARGET = 1.01
+PROBE_STEPS = 60
+MIN_STEPS = 100
+MB = 1e6
+
+# python -c ALWAYS_ON TRACE SCRIPT ARGS...: runs SCRIPT as `python SCRIPT ARGS` would, under a torch.profiler that
+# records everything, exports the trace to TRACE, and reports on stderr how long stopping and exporting took.
 ALWAYS_ON = (
-    "import runpy, sys, torch\n"
+    "import json, os, runpy, sys, time, torch\n"
     "from torch.profiler import profile, ProfilerActivity\n"
-    "sys.argv = [sys.argv[1], *sys.argv[2:]]\n"
+    "trace = sys.argv[1]\n"
+    "sys.argv = sys.argv[2:]\n"
+    "sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))\n"
     "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
     "with profile(activities=acts) as p:\n"
     "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-    "p.export_chrome_trace(sys.argv[0] + '.always-on.json')\n"
+    "    job_ended = time.perf_counter()\n"
+    "p.export_chrome_trace(trace)\n"
+    "print(json.dumps({'stop_and_export_s': time.perf_counter() - job_ended}), file=sys.stderr)\n"
+)
+
+MACHINE = (
+    "import json, os, platform, torch\n"
+    "gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'\n"
+    "print(json.dumps({'gpu': gpu, 'cpus': os.cpu_count(), 'torch': torch.__version__,"
+    " 'python': platform.python_version()}))\n"
 )
 
 
-def run(command: list[str]) -> tuple[float, dict]:
+class RunFailed(Exception):
+    pass
+
+
+@dataclass
+class Run:
+    mode: str
+    wall_s: float
+    job: dict
+    trace_mb: float | None = None
+    stop_and_export_s: float | None = None
+    sampler_core_percent: dict[str, float] = field(default_factory=dict)
+    sampler_samples: dict[str, int] = field(default_factory=dict)
+    samplers_missing: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WorkloadRuns:
+    workload: str
+    runs: dict[str, list[Run]] = field(default_factory=lambda: {mode: [] for mode in MODES})
+    failures: dict[str, list[str]] = field(default_factory=lambda: {mode: [] for mode in MODES})
+
+
+@dataclass
+class Verdict:
+    workload: str
+    wall_ratio: float | None
+    throughput_ratio: float | None
+
+
+def last_json_line(text: str) -> dict:
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RunFailed("printed no JSON line")
+    return json.loads(lines[-1])
+
+
+def run_command(command: list[str], timeout_s: float) -> tuple[float, str, str]:
+    """Runs the command in its own process group (killed whole past the timeout); returns wall, stdout, stderr."""
     started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise RunFailed(f"ran past {timeout_s:.0f} s and was killed") from None
     wall = time.perf_counter() - started
-    if result.returncode != 0:
-        sys.exit(f"failed ({result.returncode}): {' '.join(command)}\n{result.stderr[-2000:]}")
-    line = next(line for line in reversed(result.stdout.splitlines()) if line.startswith("{"))
-    return wall, json.loads(line)
+    if process.returncode != 0:
+        raise RunFailed(f"exit status {process.returncode}; its stderr ends:\n{stderr[-1500:]}")
+    return wall, stdout, stderr
+
+
+def describe_machine(python: str) -> str:
+    _, stdout, _ = run_command([python, "-c", MACHINE], timeout_s=300)
+    facts = last_json_line(stdout)
+    return f"machine: {facts['gpu']}, {facts['cpus']} CPUs, torch {facts['torch']}, Python {facts['python']}"
+
+
+def job_options(args: argparse.Namespace) -> list[str]:
+    options = ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    return options + (["--small"] if args.small else [])
+
+
+def calibrate_steps(python: str, script: Path, options: list[str], seconds: float,
+                    timeout_s: float) -> tuple[float, int]:
+    _, stdout, _ = run_command([python, str(script), "--steps", str(PROBE_STEPS), *options], timeout_s)
+    rate = last_json_line(stdout)["steps_per_s_after_window"]
+    return rate, max(MIN_STEPS, int(seconds * rate))
+
+
+def run_plain(python: str, job: list[str], scratch: Path, label: str, timeout_s: float) -> Run:
+    wall, stdout, _ = run_command([python, *job], timeout_s)
+    return Run("plain", wall, last_json_line(stdout))
+
+
+def run_gpudoctor(python: str, job: list[str], scratch: Path, label: str, timeout_s: float) -> Run:
+    run_dir = scratch / f"{label}-gpudoctor"
+    wall, stdout, _ = run_command([python, "-m", "gpudoctor", "profile", "--out", str(run_dir), *job], timeout_s)
+    run = Run("gpudoctor", wall, last_json_line(stdout))
+    trace = run_dir / "trace.json.gz"
+    run.trace_mb = trace.stat().st_size / MB if trace.is_file() else None
+    read_sampler_costs(run, read_manifest(run_dir))
+    return run
+
+
+def read_manifest(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text())
+    except (OSError, ValueError) as error:
+        return {"collectors": {name: {"reason": f"manifest.json unreadable: {error}"} for name in ("host", "nvml")}}
+
+
+def read_sampler_costs(run: Run, manifest: dict) -> None:
+    """CPU of the parent's samplers as % of one core over the run's duration, from the manifest's collectors."""
+    duration = manifest.get("duration_s") or run.wall_s
+    for name in ("host", "nvml"):
+        collector = manifest.get("collectors", {}).get(name, {})
+        if "sampler_cpu_s" in collector:
+            run.sampler_core_percent[name] = 100 * collector["sampler_cpu_s"] / duration
+            run.sampler_samples[name] = collector.get("samples", 0)
+        else:
+            run.samplers_missing[name] = collector.get("reason") or "no sampler_cpu_s in the manifest"
+
+
+def run_always_on(python: str, job: list[str], scratch: Path, label: str, timeout_s: float) -> Run:
+    trace = scratch / f"{label}-always-on.json"
+    try:
+        wall, stdout, stderr = run_command([python, "-c", ALWAYS_ON, str(trace), *job], timeout_s)
+        run = Run("always-on", wall, last_json_line(stdout))
+        run.stop_and_export_s = last_json_line(stderr)["stop_and_export_s"]
+        run.trace_mb = trace.stat().st_size / MB
+    finally:
+        trace.unlink(missing_ok=True)
+    return run
+
+
+RUNNERS = {"plain": run_plain, "gpudoctor": run_gpudoctor, "always-on": run_always_on}
+
+
+def run_pair(python: str, job: list[str], scratch: Path, results: WorkloadRuns, pair: int, timeout_s: float) -> None:
+    order = MODES if pair % 2 == 0 else tuple(reversed(MODES))
+    done = []
+    for mode in order:
+        try:
+            run = RUNNERS[mode](python, job, scratch, f"{results.workload}-{pair}", timeout_s)
+        except RunFailed as failure:
+            print(f"  {mode} failed: {failure}", flush=True)
+            results.failures[mode].append(str(failure).splitlines()[0])
+            done.append(f"{mode} failed")
+        else:
+            results.runs[mode].append(run)
+            done.append(f"{mode} {run.wall_s:.2f} s")
+    print(f"  pair {pair}: " + ", ".join(done), flush=True)
+
+
+def median_wall(runs: list[Run]) -> float:
+    return statistics.median(run.wall_s for run in runs)
+
+
+def median_rate(runs: list[Run]) -> float:
+    return statistics.median(run.job["steps_per_s_after_window"] for run in runs)
+
+
+def trace_note(runs: list[Run]) -> str:
+    sizes = [run.trace_mb for run in runs if run.trace_mb is not None]
+    if runs[0].mode == "plain":
+        return "-"
+    if not sizes:
+        return "no trace"
+    size = f"{statistics.median(sizes):.2f} MB"
+    if runs[0].mode == "gpudoctor":
+        return f"{size} trace.json.gz"
+    return f"{size} json (stop+export {statistics.median(run.stop_and_export_s for run in runs):.1f} s)"
+
+
+def print_table(results: WorkloadRuns) -> Verdict:
+    plain = results.runs["plain"]
+    print(f"{'mode':<10} {'wall s per run':<16} {'wall ratio':>10} {'steps/s after window':>21} "
+          f"{'throughput ratio':>17}  trace")
+    ratios: dict[str, tuple[float | None, float | None]] = {}
+    for mode in MODES:
+        runs, failed = results.runs[mode], results.failures[mode]
+        ratios[mode] = (median_wall(runs) / median_wall(plain), median_rate(plain) / median_rate(runs)) \
+            if runs and plain else (None, None)
+        print(table_row(mode, runs, ratios[mode], failed))
+    if results.runs["gpudoctor"]:
+        print_sampler_costs(results.runs["gpudoctor"])
+    print_trace_sizes(results)
+    return Verdict(results.workload, *ratios["gpudoctor"])
+
+
+def table_row(mode: str, runs: list[Run], ratios: tuple[float | None, float | None], failed: list[str]) -> str:
+    walls = " ".join([f"{run.wall_s:.2f}" for run in runs] + ["failed"] * len(failed))
+    wall_ratio, throughput_ratio = (f"{ratio:.3f}x" if ratio is not None else "-" for ratio in ratios)
+    rate = f"{median_rate(runs):.1f}" if runs else "-"
+    trace = trace_note(runs) if runs else f"({failed[0]})"
+    return f"{mode:<10} {walls:<16} {wall_ratio:>10} {rate:>21} {throughput_ratio:>17}  {trace}"
+
+
+def print_sampler_costs(runs: list[Run]) -> None:
+    parts = []
+    for name in ("host", "nvml"):
+        percents = [run.sampler_core_percent[name] for run in runs if name in run.sampler_core_percent]
+        if percents:
+            samples = statistics.median(run.sampler_samples[name] for run in runs if name in run.sampler_samples)
+            parts.append(f"{name} {statistics.median(percents):.2f}% ({samples:.0f} samples)")
+        else:
+            parts.append(f"{name} not measured ({runs[0].samplers_missing.get(name, 'unknown')})")
+    print("gpudoctor's samplers, CPU in its own process as % of one core over the run: " + ", ".join(parts))
+
+
+def print_trace_sizes(results: WorkloadRuns) -> None:
+    always_on = [run.trace_mb for run in results.runs["always-on"] if run.trace_mb]
+    gpudoctor = [run.trace_mb for run in results.runs["gpudoctor"] if run.trace_mb]
+    if always_on and gpudoctor:
+        always_on_mb, gpudoctor_mb = statistics.median(always_on), statistics.median(gpudoctor)
+        print(f"trace size: always-on {always_on_mb:.2f} MB (json) vs gpudoctor {gpudoctor_mb:.2f} MB "
+              f"(trace.json.gz), {always_on_mb / gpudoctor_mb:.0f}x")
+
+
+def benchmark_workload(python: str, workload: str, args: argparse.Namespace, scratch: Path) -> Verdict:
+    script, options = WORKLOADS[workload], job_options(args)
+    try:
+        rate, steps = calibrate_steps(python, script, options, args.seconds, args.run_timeout)
+    except RunFailed as failure:
+        print(f"\n{workload}: calibration failed: {failure}", flush=True)
+        return Verdict(workload, None, None)
+    print(f"\n{workload}: calibrated {rate:.1f} steps/s plain, {steps} steps per run "
+          f"({' '.join(options) or 'default batch size'})", flush=True)
+    job = [str(script), "--steps", str(steps), *options]
+    results = WorkloadRuns(workload)
+    for pair in range(args.pairs):
+        run_pair(python, job, scratch, results, pair, args.run_timeout)
+    return print_table(results)
+
+
+def target_line(title: str, target: float, values: dict[str, float | None]) -> str:
+    if any(value is None for value in values.values()):
+        met = "not measured"
+    else:
+        met = "met" if all(value <= target for value in values.values()) else "missed"
+    shown = ", ".join(f"{name} {value:.3f}x" if value is not None else f"{name} not measured"
+                      for name, value in values.items())
+    return f"{title} ≤ {target:.2f}x: {met} ({shown})"
+
+
+def print_targets(verdicts: list[Verdict]) -> None:
+    print()
+    print(target_line("whole-job wall time", WALL_TARGET, {v.workload: v.wall_ratio for v in verdicts}))
+    print(target_line("throughput outside window", THROUGHPUT_TARGET,
+                      {v.workload: v.throughput_ratio for v in verdicts}))
+
+
+def parse_workloads(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names or any(name not in WORKLOADS for name in names):
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(WORKLOADS)} (comma-separated)")
+    return names
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", type=parse_workloads, default=list(WORKLOADS),
+                        help="comma-separated, from: " + ", ".join(WORKLOADS))
+    parser.add_argument("--seconds", type=float, default=60.0, help="about how long one plain run takes")
+    parser.add_argument("--pairs", type=int, default=2, help="rounds of all three modes, alternating their order")
+    parser.add_argument("--batch-size", type=int, default=None, help="each workload's own default if left out")
+    parser.add_argument("--small", action="store_true", help="smaller models, for a quick try on a CPU")
+    parser.add_argument("--run-timeout", type=float, default=None,
+                        help="seconds before one run is killed and reported (default 60 + 5 × --seconds)")
+    args = parser.parse_args()
+    if args.run_timeout is None:
+        args.run_timeout = 60 + 5 * args.seconds
+    return args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument("--always-on", action="store_true")
-    parser.add_argument("--batch-size", type=int, default=128, help="smaller for a quick try on a CPU")
-    args = parser.parse_args()
+    args = parse_args()
     python = sys.executable
-    _, probe = run([python, str(WORKLOAD), "--steps", "60", "--batch-size", str(args.batch_size)])
-    rate = probe["steps_per_s_after_window"]
-    steps = max(100, int(args.seconds * rate))
-    print(f"calibrated: {rate:.1f} steps/s, {steps} steps per run")
-    job = [str(WORKLOAD), "--steps", str(steps), "--batch-size", str(args.batch_size)]
-    out = Path(tempfile.mkdtemp(prefix="gpudoctor-bench-"))
-    plain, profiled, always = [], [], []
-    for pair in range(args.pairs):
-        plain.append(run([python, *job]))
-        run_dir = out / f"run{pair}"
-        profiled.append(run([python, "-m", "gpudoctor", "profile", "--out", str(run_dir), *job]))
-        if args.always_on:
-            always.append(run([python, "-c", ALWAYS_ON, *job]))
-        print(f"pair {pair}: plain {plain[-1][0]:.2f} s, profiled {profiled[-1][0]:.2f} s"
-              + (f", always-on profiler {always[-1][0]:.2f} s" if always else ""))
-    wall_ratio = statistics.median(w for w, _ in profiled) / statistics.median(w for w, _ in plain)
-    rate_ratio = (statistics.median(r["steps_per_s_after_window"] for _, r in plain)
-                  / statistics.median(r["steps_per_s_after_window"] for _, r in profiled))
-    print(f"whole-job wall-time ratio (profiled / plain): {wall_ratio:.3f}")
-    print(f"throughput ratio outside the window (plain / profiled): {rate_ratio:.3f}")
-    if always:
-        print(f"always-on torch.profiler wall-time ratio: {statistics.median(w for w, _ in always) / statistics.median(w for w, _ in plain):.3f}")
-    shutil.rmtree(out, ignore_errors=True)
+    print(describe_machine(python), flush=True)
+    scratch = Path(tempfile.mkdtemp(prefix="gpudoctor-bench-"))
+    try:
+        verdicts = [benchmark_workload(python, workload, args, scratch) for workload in args.workloads]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print_targets(verdicts)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """A realistic GPU training loop for the overhead benchmark: a small ResNet on synthetic images.
 
+    python3 bench/workload_resnet.py --steps 200 --batch-size 128 [--small]
+
 Prints one JSON line: steps, wall time, and the throughput of the steps after the profiling window
-(steps 20 onwards), so the benchmark can compare the job outside the window too.
+(steps 20 onwards), so the benchmark can compare the job outside the window too. --small shrinks the
+model for a quick try on a CPU.
 """
 
 import argparse
-import json
-import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
+
+from workload_common import make_loader, pick_device, print_result, train
+
+IMAGES = 2048
 
 
 def block(channels: int) -> nn.Module:
@@ -32,40 +37,33 @@ class SmallResNet(nn.Module):
         return self.head(x)
 
 
+def synthetic_images() -> TensorDataset:
+    return TensorDataset(torch.randn(IMAGES, 3, 32, 32), torch.randint(0, 10, (IMAGES,)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--small", action="store_true", help="a narrower, shallower model for a quick CPU try")
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = pick_device()
     torch.manual_seed(0)
-    images = torch.randn(2048, 3, 32, 32)
-    labels = torch.randint(0, 10, (2048,))
-    loader = DataLoader(TensorDataset(images, labels), batch_size=args.batch_size, shuffle=True, drop_last=True,
-                        num_workers=2, pin_memory=device == "cuda", persistent_workers=True)
-    model = SmallResNet().to(device)
+    torch.backends.cudnn.benchmark = True
+    loader = make_loader(synthetic_images(), args.batch_size, device)
+    model = SmallResNet(width=16, blocks=2) if args.small else SmallResNet()
+    model = model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    started = time.perf_counter()
-    step, after_window_start = 0, None
-    while step < args.steps:
-        for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            loss = nn.functional.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            if step == 20:
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                after_window_start = time.perf_counter()
-            if step >= args.steps:
-                break
-    if device == "cuda":
-        torch.cuda.synchronize()
-    ended = time.perf_counter()
-    rate = (step - 20) / (ended - after_window_start) if after_window_start else None
-    print(json.dumps({"steps": step, "wall_s": ended - started, "steps_per_s_after_window": rate}))
+
+    def train_step(batch: list[torch.Tensor]) -> torch.Tensor:
+        images, labels = batch
+        loss = nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    print_result(train(loader, train_step, args.steps, device))
 
 
 if __name__ == "__main__":
