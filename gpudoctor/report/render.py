@@ -28,9 +28,9 @@ def _windows_seen(seen: list[dict[str, Any]], total: int) -> str:
     indices = [w["index"] for w in seen]
     where = f"#{indices[0]}" if len(indices) == 1 else f"#{indices[0]} to #{indices[-1]}"
     text = f"in {len(seen)} of {total} windows ({where})"
-    impacts = sorted(w["impact"] for w in seen if w.get("impact") is not None)
-    if impacts:
-        text += f", ~{impacts[0]:.0%}" + (f" to ~{impacts[-1]:.0%}" if len(impacts) > 1 else "") + " of step time"
+    shares = sorted({f"{w['impact']:.0%}": w["impact"] for w in seen if w.get("impact")}.items(), key=lambda s: s[1])
+    if shares:
+        text += f", ~{shares[0][0]}" + (f" to ~{shares[-1][0]}" if len(shares) > 1 else "") + " of step time"
     return text
 
 
