@@ -39,6 +39,7 @@ FIXTURES = {  # screenshot name: (recorded bundle, full page?)
     "starved": ("data_starvation_bad", False),
     "several-findings": ("blocking_copy_bad", True),
     "healthy": ("healthy_vision", False),
+    "windows": ("data_starvation_late", True),  # profiled with --every: the windows table
 }
 
 
@@ -237,6 +238,12 @@ def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     several = seen["several-findings"]
     problems = [c for c in several["cards"] if c["severity"] != "info"]
     assert len(problems) >= 2 and all(c["has_source"] and c["has_doc"] and c["has_evidence"] for c in several["cards"])
+
+    windows = seen["windows"]
+    assert len(windows["windows"]) == 4, windows["windows"]
+    first, *later = windows["windows"]
+    assert first["bars"] == 1 and all(row["bars"] == 2 for row in later)  # GD502 in every window, GD102 after the slow shard
+    assert sum("(charted)" in row["cells"][0] for row in windows["windows"]) == 1
 
     healthy = seen["healthy"]
     assert not [c for c in healthy["cards"] if c["severity"] != "info"]

@@ -46,6 +46,9 @@ try {
         first_screen: [...document.querySelectorAll(".verdict, .top-problems li > a, .top-problems .at, .top-problems pre, .healthy-note")]
           .filter((el) => visible(el) && el.getBoundingClientRect().bottom <= window.innerHeight)
           .map((el) => el.innerText.trim()),
+        windows: [...document.querySelectorAll("table.windows tbody tr")].filter(visible).map((tr) => ({
+          cells: [...tr.querySelectorAll("td")].map((td) => td.innerText.trim()), bars: tr.querySelectorAll(".cell-bar").length,
+        })),
         viewport_height: window.innerHeight,
       };
     }));
