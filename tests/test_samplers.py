@@ -280,3 +280,17 @@ def test_a_sample_file_compacts_old_rows_and_keeps_appending(tmp_path) -> None:
     assert rows[-1]["t"] == start + 3600.1  # written after the compaction, into the new file
     assert min(r.get("lo", r)["mem_available"] for r in rows[:-1]) == 10**9 - 35_999
     assert all("n" not in r for r in rows if window[0] <= r["t"] <= window[1])
+
+
+def test_only_the_latest_windows_stay_raw(tmp_path) -> None:
+    from gpudoctor.collect.samplers import KEEP_RAW_S, WINDOW_MARGIN_S, WindowSpans
+
+    events = tmp_path / "events.jsonl"
+    with open(events, "w") as f:
+        for i in range(1000):  # --every 10m for a week: a 2 s window every 600 s
+            for state, t in (("opened", i * 600.0), ("closed", i * 600.0 + 2.0)):
+                f.write(json.dumps({"kind": "window", "state": state, "t": t}, separators=(",", ":")) + "\n")
+    spans = WindowSpans(events).spans()
+    assert sum(end - start for start, end in spans) <= KEEP_RAW_S
+    assert spans[-1] == (999 * 600.0 - WINDOW_MARGIN_S, 999 * 600.0 + 2.0 + WINDOW_MARGIN_S)  # the latest
+    assert len(spans) == int(KEEP_RAW_S // (2.0 + 2 * WINDOW_MARGIN_S))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from functools import cached_property
@@ -403,8 +403,9 @@ class Run:
         span = self.span
         if span is None:
             return self.samples
-        lo, hi = span[0] - 0.5, span[1] + 0.5
-        keep = lambda points: [p for p in points if lo <= p.t <= hi]  # noqa: E731
+        def keep(points: list[SeriesPoint]) -> list[SeriesPoint]:
+            return [points[i] for i in _around([p.t for p in points], span[0] - 0.5, span[1] + 0.5)]
+
         return Samples(host=keep(self.samples.host), gpu={d: keep(ps) for d, ps in self.samples.gpu.items()})
 
     def require_host_samples(self) -> Samples:
@@ -439,8 +440,17 @@ class Run:
 def _within(samples: list[dict[str, Any]], span: tuple[float, float] | None, margin: float) -> list[dict[str, Any]]:
     if span is None:
         return samples
-    inside = [s for s in samples if span[0] - margin <= s["t"] <= span[1] + margin]
-    return inside if len(inside) >= 2 else samples
+    times = [s["t"] for s in samples]
+    return [samples[i] for i in _around(times, span[0] - margin, span[1] + margin)]
+
+
+def _around(times: list[float], lo: float, hi: float) -> range:
+    """Indices of the sorted `times` in [lo, hi]; with fewer than two there (the span of a short window in an
+    old stretch of a long run, whose samples were merged into rows seconds apart), the rows on either side."""
+    first, end = bisect_left(times, lo), bisect_right(times, hi)
+    if end - first >= 2:
+        return range(first, end)
+    return range(max(0, first - 1), min(len(times), end + 1))
 
 
 def _rate(prev: dict[str, Any], cur: dict[str, Any], key: str, dt: float) -> float | None:

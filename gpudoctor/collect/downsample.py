@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -323,7 +324,8 @@ def plan(times: Sequence[float | None], now: float, policy: Policy = DEFAULT_POL
     hold a bounded number of rows (12,960 at the defaults and 10 Hz), so the cap holds up to about 20 samples a
     second; above, the plan with the fewest rows is taken.
     """
-    tiers = [None if _kept(t, keep) else _tier_of(t, now, policy.tiers) for t in times]
+    kept = _KeptSpans(keep)
+    tiers = [None if kept.holds(t) else _tier_of(t, now, policy.tiers) for t in times]
     widths = [tier.width_s for tier in policy.tiers]
     layout = _layout(times, tiers, widths)
     best, coarsest = layout, len(widths) - 1
@@ -336,8 +338,24 @@ def plan(times: Sequence[float | None], now: float, policy: Policy = DEFAULT_POL
     return layout if layout.rows <= policy.max_rows else best
 
 
-def _kept(t: float | None, keep: Sequence[tuple[float, float]]) -> bool:
-    return _is_number(t) and any(start <= t <= end for start, end in keep)
+class _KeptSpans:
+    """Spans whose rows stay raw, merged where they overlap, for a lookup by bisection."""
+
+    def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
+        merged: list[list[float]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        self._starts = [start for start, _ in merged]
+        self._ends = [end for _, end in merged]
+
+    def holds(self, t: float | None) -> bool:
+        if not self._starts or not _is_number(t):
+            return False
+        index = bisect_right(self._starts, t) - 1
+        return index >= 0 and t <= self._ends[index]
 
 
 def _tier_of(t: float | None, now: float, tiers: Sequence[Tier]) -> int | None:

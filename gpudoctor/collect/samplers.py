@@ -24,10 +24,14 @@ from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
 from gpudoctor.collect.proc_readers import PROCFS, ProcFiles, Reader, held_files_budget, host_reader, tree_reader
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
-# Compacting reads a file twice; every 5 minutes it costs about 0.1% of a core at the files' bounded size.
+# Compacting reads a file twice: every 5 minutes, the three files cost 0.2 to 0.3% of a core over a day
+# (bench/long_run.py).
 COMPACT_EVERY_S = 300.0
 # Samples this close to a profiling window stay raw: analysis takes those within 0.5 s of the window's steps.
 WINDOW_MARGIN_S = 2.0
+# Raw samples are kept around the latest windows only, up to this much time in all (3,000 rows at 10 Hz),
+# so that the files stay under the compaction's row cap however many windows --every opens.
+KEEP_RAW_S = 300.0
 
 
 class WindowSpans:
@@ -40,10 +44,17 @@ class WindowSpans:
         self._spans: list[tuple[float, float]] = []
 
     def spans(self) -> list[tuple[float, float]]:
-        """(start, end) of each window, margins included; a window still open ends in the future."""
+        """(start, end) of the latest windows, margins included, KEEP_RAW_S of them in all (a window still
+        open, which ends in the future, always)."""
         self._read_new()
+        kept, total = [], 0.0
+        for start, end in reversed(self._spans):
+            total += end - start
+            if total > KEEP_RAW_S:
+                break
+            kept.append((start, end))
         still_open = [(self._opened - WINDOW_MARGIN_S, float("inf"))] if self._opened is not None else []
-        return self._spans + still_open
+        return kept[::-1] + still_open
 
     def _read_new(self) -> None:
         try:
