@@ -106,3 +106,22 @@ def test_the_progress_line_counts_the_windows_recorded() -> None:
     assert "profiling step 2 of 3" in status.text()  # steps 21 and 22, after the warm-up step 20
     status.update([{"kind": "window", "state": "closed", "index": 1}])
     assert "2 profiled windows recorded" in status.text()
+
+
+def test_a_window_in_a_compacted_stretch_reads_the_rows_either_side() -> None:
+    """Samples merged into 10 s rows (an old stretch of a long run): a 0.5 s window between two rows uses those two,
+    not the whole run and not nothing."""
+    host = [{"t": 1000.0 + 10 * i, "t0": 991.0 + 10 * i, "n": 100, "cpu_pct": [50.0, 50.0], "mem_available": 10**9,
+             "lo": {"mem_available": 10**9 - i}, "swap_in": 0, "swap_out": 0} for i in range(100)]
+    procs = [{"t": h["t"], "t0": h["t0"], "n": 100,
+              "procs": [{"pid": 7, "ppid": 1, "name": "python", "cpu_s": 0.8 * i * 10, "rss": 10**8, "threads": 3,
+                         "hi": {"rss": 2 * 10**8 + i}, "ctx_vol": 0, "ctx_invol": 0, "thread_cpu": {}}]}
+             for i, h in enumerate(host)]
+    steps = [{"kind": "step", "step": i, "t0": 1503.0 + 0.1 * i, "t1": 1503.1 + 0.1 * i, "wall_s": 0.1,
+              "data_wait_s": 0.0, "batches": 1, "source": "optimizer", "window": "active", "window_index": 0,
+              "phases": {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}, "copies": [], "syncs": []}
+             for i in range(5)]
+    run = Run({"schema_version": 1, "window": {"wait": 0}}, steps, None, host, procs, [])
+    assert [p.t for p in run.step_samples.host] == [1500.0, 1510.0]
+    (process,) = run.processes
+    assert process.rss_max == 2 * 10**8 + 51 and abs(process.cpu_mean - 0.8) < 1e-9
