@@ -24,8 +24,8 @@ from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
 from gpudoctor.collect.proc_readers import PROCFS, ProcFiles, Reader, held_files_budget, host_reader, tree_reader
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
-# Compacting reads a file twice: every 5 minutes, the three files cost 0.2 to 0.3% of a core over a day
-# (bench/long_run.py).
+# Compacting reads a file twice: every 5 minutes, the three files cost about 0.2% of a core over a day
+# (bench/long_run.py, docs/performance.md).
 COMPACT_EVERY_S = 300.0
 # Samples this close to a profiling window stay raw: analysis takes those within 0.5 s of the window's steps.
 WINDOW_MARGIN_S = 2.0
