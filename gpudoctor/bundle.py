@@ -90,18 +90,29 @@ class JsonlWriter:
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield the records of a JSONL file; a last line cut short by a crash is skipped, any other bad line is an error."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.readlines()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            if number == len(lines) and not line.endswith("\n"):
-                return  # the writer was killed mid-line
-            raise BundleError(f"{path} is corrupt: line {number} is not JSON ({exc.msg}).") from None
+    """Yield the records of a JSONL file, read line by line; a last line cut short by a crash is skipped, any
+    other bad line is an error."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield _parse_line(line)
+            except ValueError as exc:
+                if not line.endswith(b"\n"):  # only the last line can lack its newline: the writer was killed
+                    return
+                raise BundleError(f"{path} is corrupt: line {number} is not JSON ({_reason(exc)}).") from None
+
+
+def _parse_line(line: bytes) -> Any:
+    try:
+        return _loads(line)
+    except ValueError:  # NaN or an integer past 64 bits, which only the json module reads
+        return json.loads(line)
+
+
+def _reason(exc: ValueError) -> str:
+    return exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
