@@ -94,12 +94,18 @@ def _chart_window(per_window: list[WindowResult], result: EngineResult) -> Run:
 def _window_row(w: WindowResult, whole: Run) -> dict[str, Any]:
     info = next(i for i in whole.windows if i.index == w.run.window)
     steps = w.run.steps
-    measured = [s for s in steps if s.gpu_idle_s is not None]
     return {
         "index": info.index, "start": info.start, "first_step": info.first_step, "trace": info.trace,
         "steps_analysed": len(steps),
         "median_step_s": statistics.median(s.wall_s for s in steps) if steps else None,
-        "gpu_idle_share": (sum(s.gpu_idle_s or 0.0 for s in measured) / sum(s.wall_s for s in measured)
-                           if measured and sum(s.wall_s for s in measured) > 0 else None),
-        "findings": {r["code"]: r["impact"] for r in w.result.findings},
+        "gpu_idle_share": w.run.gpu_idle_share, "findings": _impact_per_rule(w.result.findings),
     }
+
+
+def _impact_per_rule(findings: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each rule's findings in one window (a rule may find several call sites): their impacts added up."""
+    per_rule: dict[str, float | None] = {}
+    for record in findings:
+        before, impact = per_rule.get(record["code"]), record["impact"]
+        per_rule[record["code"]] = before if impact is None else min(1.0, (before or 0.0) + impact)
+    return per_rule

@@ -125,3 +125,11 @@ def test_a_window_in_a_compacted_stretch_reads_the_rows_either_side() -> None:
     assert [p.t for p in run.step_samples.host] == [1500.0, 1510.0]
     (process,) = run.processes
     assert process.rss_max == 2 * 10**8 + 51 and abs(process.cpu_mean - 0.8) < 1e-9
+
+
+def test_a_windows_cell_adds_up_a_rules_call_sites() -> None:
+    from gpudoctor.across_windows import _impact_per_rule
+
+    findings = [{"code": "GD211", "impact": 0.02}, {"code": "GD211", "impact": 0.03}, {"code": "GD502", "impact": None},
+                {"code": "GD201", "impact": 0.7}, {"code": "GD201", "impact": 0.6}]
+    assert _impact_per_rule(findings) == {"GD211": 0.05, "GD502": None, "GD201": 1.0}

@@ -199,6 +199,13 @@ class Run:
         return steps[wait:] if len(steps) > wait else steps
 
     @property
+    def gpu_idle_share(self) -> float | None:
+        """The GPU's idle time over the analysed steps' wall time, or None when the trace has no GPU activity."""
+        measured = [s for s in self.steps if s.gpu_idle_s is not None]
+        wall = sum(s.wall_s for s in measured)
+        return sum(s.gpu_idle_s or 0.0 for s in measured) / wall if wall > 0 else None
+
+    @property
     def wall_s(self) -> float:
         """Wall time of the analysed steps."""
         return sum(s.wall_s for s in self.steps)

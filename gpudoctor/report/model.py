@@ -89,13 +89,6 @@ def _breakdown(steps: list[Step]) -> dict[str, Any]:
     return {"phases": phases, "mean_step_s": mean_step}
 
 
-def _gpu_idle_share(steps: list[Step]) -> float | None:
-    measured = [s for s in steps if s.gpu_idle_s is not None]
-    if not measured:
-        return None
-    return sum(s.gpu_idle_s or 0.0 for s in measured) / sum(s.wall_s for s in measured)
-
-
 def _not_measured(run: Run) -> list[dict[str, str]]:
     rows = []
     for name, info in run.manifest.get("collectors", {}).items():
@@ -426,7 +419,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     `run` is then the window the charts show.
     """
     steps = run.steps
-    idle = _gpu_idle_share(steps)
+    idle = run.gpu_idle_share
     created = _created(run)
     problems = _problems(result.findings)
     not_measured = _not_measured(run)
