@@ -1,4 +1,4 @@
-from gpudoctor.analysis import intervals
+from gpudoctor import intervals
 
 
 def test_union_merges_overlaps_across_streams():

@@ -6,7 +6,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
 
-from gpudoctor.analysis import intervals
+from gpudoctor import intervals
 from gpudoctor.analysis.trace import GpuOp
 
 

@@ -60,6 +60,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from gpudoctor import intervals
 from gpudoctor.errors import BundleError
 
 try:  # several times faster than the json module
@@ -342,16 +343,12 @@ class _KeptSpans:
     """Spans whose rows stay raw, merged where they overlap, for a lookup by bisection."""
 
     def __init__(self, spans: Sequence[tuple[float, float]]) -> None:
-        merged: list[list[float]] = []
-        for start, end in sorted(spans):
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], end)
-            else:
-                merged.append([start, end])
-        self._starts = [start for start, _ in merged]
-        self._ends = [end for _, end in merged]
+        disjoint = intervals.union(spans)
+        self._starts = [start for start, _ in disjoint]
+        self._ends = [end for _, end in disjoint]
 
     def holds(self, t: float | None) -> bool:
+        """Whether t lies in a span, its ends included."""
         if not self._starts or not _is_number(t):
             return False
         index = bisect_right(self._starts, t) - 1
