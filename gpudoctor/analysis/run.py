@@ -43,7 +43,7 @@ class Run:
         self.manifest = manifest
         self.path = path
         self.window = window
-        self._all_events = events
+        self._whole = _WholeRun(events)
         self._trace_path = trace_path
         self._host_samples = host_samples
         self._proc_samples = proc_samples
@@ -78,8 +78,9 @@ class Run:
         if not any(w.index == index for w in self.windows):
             raise ValueError(f"this run has no profiling window {index}")
         trace = self.path / bundle_io.trace_name(index) if self.path is not None else None
-        run = Run(self.manifest, self._all_events, trace if trace is not None and trace.is_file() else None,
+        run = Run(self.manifest, [], trace if trace is not None and trace.is_file() else None,
                   self._host_samples, self._proc_samples, self._gpu_samples, path=self.path, window=index)
+        run._whole = self._whole  # the run's events, split by window once for every window
         run.trace_progress = self.trace_progress
         return run
 
@@ -87,45 +88,15 @@ class Run:
     def events(self, kind: str) -> Iterator[dict[str, Any]]:
         return (e for e in self._events if e.get("kind") == kind)
 
-    @cached_property
+    @property
     def windows(self) -> list[WindowInfo]:
         """Every profiling window opened in the run, in order (one unless it was profiled with --every)."""
-        opened: dict[int, dict[str, Any]] = {}
-        written: dict[int, str] = {}
-        analysed: set[int] = {0}  # a repeated window counts once it analysed a step: the script may end first
-        for e in self._all_events:
-            kind = e.get("kind")
-            if kind == "step" and e.get("window") in ANALYSED_WINDOW_STATES:
-                analysed.add(int(e.get("window_index", 0)))
-            if kind != "window":
-                continue
-            index = int(e.get("index", 0))  # bundles from before --every have one window and no index
-            if e.get("state") == "opened":
-                opened[index] = e
-            elif e.get("state") == "closed":
-                written[index] = e.get("trace", bundle_io.trace_name(index))
-        return [WindowInfo(i, int(e.get("first_step", 0)), float(e.get("t", 0.0)), written.get(i))
-                for i, e in sorted(opened.items()) if i in analysed]
+        return self._whole.windows
 
-    @cached_property
+    @property
     def _events(self) -> list[dict[str, Any]]:
         """The events of this run's window: its steps are those from its opening to the next window's."""
-        windows = self.windows
-        if len(windows) < 2:
-            return self._all_events
-        position = next(i for i, w in enumerate(windows) if w.index == self.window)
-        first = windows[position].first_step if position else 0
-        end = windows[position + 1].first_step if position + 1 < len(windows) else None
-
-        def belongs(e: dict[str, Any]) -> bool:
-            kind = e.get("kind")
-            if kind == "step":
-                return first <= e["step"] and (end is None or e["step"] < end)
-            if kind == "window":
-                return int(e.get("index", 0)) == self.window
-            return True
-
-        return [e for e in self._all_events if belongs(e)]
+        return self._whole.events_of(self.window)
 
     @property
     def _startup_steps(self) -> int:
@@ -157,25 +128,17 @@ class Run:
         """Every step of the whole run, every window's included (the same as all_steps with one window)."""
         if len(self.windows) < 2:
             return self.all_steps
-        return [self._step_from_event(e) for e in self._all_events if e.get("kind") == "step"]
+        return [self._step_from_event(e) for e in self._whole.steps]
 
-    @cached_property
+    @property
     def window_spans(self) -> dict[int, tuple[float, float]]:
         """Each profiling window's analysed steps, from the first one's start to the last one's end."""
-        spans: dict[int, tuple[float, float]] = {}
-        for e in self._all_events:
-            if e.get("kind") == "step" and e.get("window") in ANALYSED_WINDOW_STATES:
-                index, start, end = int(e.get("window_index", 0)), float(e["t0"]), float(e["t1"])
-                first, last = spans.get(index, (start, end))
-                spans[index] = (min(first, start), max(last, end))
-        return spans
+        return self._whole.window_spans
 
     @property
     def steps_in_run(self) -> int:
         """Steps in the whole run, every window's included."""
-        if self.trace_only:
-            return len(self.all_steps)
-        return sum(1 for e in self._all_events if e.get("kind") == "step")
+        return len(self.all_steps) if self.trace_only else len(self._whole.steps)
 
     @cached_property
     def steps(self) -> list[Step]:
@@ -442,6 +405,67 @@ class Run:
         exception = info.get("exception") or {}
         return Exit(info.get("ending", "unknown"), info.get("status"), exception.get("exception"),
                     exception.get("message"), Location.from_dict(exception.get("where")))
+
+
+class _WholeRun:
+    """The events of the whole run, read once and split by profiling window for every window's Run."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.events = events
+
+    @cached_property
+    def steps(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("kind") == "step"]
+
+    @cached_property
+    def windows(self) -> list[WindowInfo]:
+        opened: dict[int, dict[str, Any]] = {}
+        written: dict[int, str] = {}
+        analysed: set[int] = {0}  # a repeated window counts once it analysed a step: the script may end first
+        for e in self.events:
+            kind = e.get("kind")
+            if kind == "step" and e.get("window") in ANALYSED_WINDOW_STATES:
+                analysed.add(int(e.get("window_index", 0)))
+            if kind != "window":
+                continue
+            index = int(e.get("index", 0))  # bundles from before --every have one window and no index
+            if e.get("state") == "opened":
+                opened[index] = e
+            elif e.get("state") == "closed":
+                written[index] = e.get("trace", bundle_io.trace_name(index))
+        return [WindowInfo(i, int(e.get("first_step", 0)), float(e.get("t", 0.0)), written.get(i))
+                for i, e in sorted(opened.items()) if i in analysed]
+
+    def events_of(self, window: int) -> list[dict[str, Any]]:
+        return self.events if len(self.windows) < 2 else self._by_window[window]
+
+    @cached_property
+    def _by_window(self) -> dict[int, list[dict[str, Any]]]:
+        """Each window's events: the run's other events, its own window events, and the steps from its opening
+        to the next window's (step events are written in order, so each window's are a slice)."""
+        others = [e for e in self.events if e.get("kind") not in ("step", "window")]
+        window_events: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for e in self.events:
+            if e.get("kind") == "window":
+                window_events[int(e.get("index", 0))].append(e)
+        numbers = [e["step"] for e in self.steps]
+        windows = self.windows
+        split = {}
+        for position, info in enumerate(windows):
+            first = bisect_left(numbers, info.first_step) if position else 0
+            end = bisect_left(numbers, windows[position + 1].first_step) if position + 1 < len(windows) else None
+            split[info.index] = others + window_events[info.index] + self.steps[first:end]
+        return split
+
+    @cached_property
+    def window_spans(self) -> dict[int, tuple[float, float]]:
+        spans: dict[int, tuple[float, float]] = {}
+        for e in self.steps:
+            if e.get("window") in ANALYSED_WINDOW_STATES:
+                index, start, end = int(e.get("window_index", 0)), float(e["t0"]), float(e["t1"])
+                first, last = spans.get(index, (start, end))
+                spans[index] = (min(first, start), max(last, end))
+        return spans
 
 
 def _within(samples: list[dict[str, Any]], span: tuple[float, float] | None, margin: float) -> list[dict[str, Any]]:
