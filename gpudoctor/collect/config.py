@@ -19,15 +19,6 @@ class WindowConfig:
     active: int = 5
     every_s: float | None = None
 
-    @property
-    def first_active(self) -> int:
-        return self.wait + self.warmup
-
-    @property
-    def end(self) -> int:
-        """The number of completed steps at which the window closes."""
-        return self.wait + self.warmup + self.active
-
 
 @dataclass(frozen=True)
 class ChildConfig:
