@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,6 +173,9 @@ def test_gd503_silent_with_one_thread_per_worker(gd: Gpudoctor) -> None:
 # -- GD504 cpu-contention -------------------------------------------------------------------------------
 
 
+NEIGHBOURS = RULE_SCRIPTS / "neighbours.py"
+
+
 def _spinner_alive(pid: int) -> bool:
     """A neighbour from neighbours.py still running (not exited, not a zombie)."""
     try:
@@ -182,35 +187,35 @@ def _spinner_alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def neighbour_pids(tmp_path: Path):
-    """Where the script writes its neighbours' pids; any still spinning after the test are killed."""
-    path = tmp_path / "neighbours.txt"
-    yield path
-    if path.exists():
-        for pid in map(int, path.read_text().split()):
-            if _spinner_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+def two_neighbours():
+    """Two processes spinning on the host, started here so that they are never in the profiled script's tree;
+    they stop when the test ends (or by themselves, after SCRIPT_TIMEOUT_S + 30 s or once pytest is gone)."""
+    launched = subprocess.run([sys.executable, str(NEIGHBOURS), "launch", str(os.getpid()), "2",
+                               str(SCRIPT_TIMEOUT_S + 30)], capture_output=True, text=True, check=True, timeout=30)
+    pids = [int(line) for line in launched.stdout.split()]
+    yield pids
+    for pid in pids:
+        if _spinner_alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
-def test_gd504_fires_when_other_processes_take_the_cores(gd: Gpudoctor, neighbour_pids: Path) -> None:
-    result = profile(gd, "noisy_neighbours.py", "--neighbours", "2", "--pids", str(neighbour_pids))
-    pids = [int(p) for p in neighbour_pids.read_text().split()]
-    assert len(pids) == 2
-    assert not any(_spinner_alive(pid) for pid in pids)  # the script's finally stopped them
+def test_gd504_fires_when_other_processes_take_the_cores(gd: Gpudoctor, two_neighbours: list[int]) -> None:
+    result = profile(gd, "noisy_neighbours.py")
+    assert all(_spinner_alive(pid) for pid in two_neighbours)  # they spun all through the run
     # The rule is about the host, not a line of the script: it names no location.
     finding = assert_fires(result, "GD504", "cpu_contention", None, None)
     facts = evidence(finding)
     assert facts["other processes' CPU"] >= 0.5 and facts["host CPU busy"] >= 85, facts
     run = Run.from_bundle(result.run_dir)
-    assert not {p.pid for p in run.processes} & set(pids)  # the neighbours were outside the script's tree
+    assert not {p.pid for p in run.processes} & set(two_neighbours)
 
 
 def test_gd504_silent_without_neighbours(gd: Gpudoctor) -> None:
-    result = profile(gd, "noisy_neighbours.py", "--neighbours", "0")
+    result = profile(gd, "noisy_neighbours.py")
     run = Run.from_bundle(result.run_dir)
     other = statistics.fmean(p.values["other_cores"] or 0.0 for p in run.step_samples.host)
     busy = statistics.fmean(p.values["busy_cores"] for p in run.step_samples.host) / (run.env.cpu_count or 1)
     fired = any(f["code"] == "GD504" for f in result.findings()["findings"])
-    # The script itself starts no neighbour; on a quiet host (CI) GD504 stays silent. When something else on the
+    # No neighbour is started; on a quiet host (CI) GD504 stays silent. When something else on the
     # machine did take the CPU while the twin ran, GD504 is right to fire: it must agree with what was measured.
     assert fired == (other >= 0.5 and busy >= 0.85), (other, busy, fired)

@@ -203,6 +203,43 @@ def test_a_thread_that_exits_is_dropped() -> None:
         process.wait()
 
 
+# The script's process: a middle process that starts a sleeping grandchild, then exits when told to, which
+# re-parents the grandchild away from the script (to init or the host's subreaper).
+ORPHANING_ROOT = (
+    "import subprocess, sys\n"
+    "middle_code = ('import subprocess, sys\\n'\n"
+    "    'g = subprocess.Popen([sys.executable, \"-c\", \"import time; time.sleep(60)\"])\\n'\n"
+    "    'print(g.pid, flush=True); sys.stdin.readline()\\n')\n"
+    "middle = subprocess.Popen([sys.executable, '-c', middle_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,\n"
+    "                          text=True)\n"
+    "print(middle.pid, middle.stdout.readline().strip(), flush=True)\n"
+    "sys.stdin.readline()\n"
+    "middle.stdin.write('\\n'); middle.stdin.flush(); middle.wait()\n"
+    "print('middle gone', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_a_process_re_parented_away_leaves_the_tree_at_the_next_sample(monkeypatch) -> None:
+    monkeypatch.setattr(proc_readers, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
+    root = subprocess.Popen([sys.executable, "-c", ORPHANING_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    middle, grandchild = map(int, root.stdout.readline().split())
+    try:
+        reader = ProcfsTree(ProcFiles(64), root.pid)
+        assert set(_rows(reader)) == {root.pid, middle, grandchild}
+        root.stdin.write("go\n")
+        root.stdin.flush()
+        assert root.stdout.readline().strip() == "middle gone"
+        assert psutil.Process(grandchild).ppid() != middle  # still running, somebody else's now
+        assert set(_rows(reader)) == {root.pid}
+        assert set(_rows(reader)) == {root.pid}  # and not found again
+    finally:
+        psutil.Process(grandchild).kill()
+        root.kill()
+        root.wait()
+
+
 def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp_path: Path) -> None:
     sampler = HostSampler(tmp_path, 0.05)
     sampler.watch(tree.pid)

@@ -240,7 +240,11 @@ class ProcfsTree:
         if self._root not in self._members:
             self.close()
             return []
-        return rows
+        kept = _descendants(rows, self._root)
+        for row in rows:
+            if row["pid"] not in kept:  # re-parented away (its parent exited): no longer the script's
+                self._drop(row["pid"])
+        return [row for row in rows if row["pid"] in kept]
 
     def close(self) -> None:
         for pid in list(self._members):
@@ -285,6 +289,17 @@ class ProcfsTree:
 
     def _drop(self, pid: int) -> None:
         self._members.pop(pid).close()
+
+
+def _descendants(rows: list[dict[str, Any]], root: int) -> set[int]:
+    """The pids among rows that descend from root through parents also among rows."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for row in rows:
+        children[row["ppid"]].append(row["pid"])
+    found = [root]
+    for pid in found:  # grows as children are found
+        found.extend(child for child in children[pid] if child != root)
+    return set(found)
 
 
 def _last_pid(loadavg: bytes) -> int:
