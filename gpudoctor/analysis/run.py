@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cached_property
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 from gpudoctor import bundle as bundle_io
+from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
@@ -18,8 +19,6 @@ from gpudoctor.analysis.views import (
     Step, SyncSite, ThreadInfo, WindowInfo,
 )
 from gpudoctor.collect.downsample import highest, lowest
-
-ANALYSED_WINDOW_STATES = ("active",)
 
 
 class NotEvaluated(Exception):
@@ -37,13 +36,13 @@ class Run:
     `for_window(N)` gives the others.
     """
 
-    def __init__(self, manifest: dict[str, Any], events: list[dict[str, Any]], trace_path: Path | None,
+    def __init__(self, manifest: dict[str, Any], events: Iterable[dict[str, Any]], trace_path: Path | None,
                  host_samples: list[dict[str, Any]], proc_samples: list[dict[str, Any]],
                  gpu_samples: list[dict[str, Any]], path: Path | None = None, window: int = 0) -> None:
         self.manifest = manifest
         self.path = path
         self.window = window
-        self._whole = _WholeRun(events)
+        self._whole = RunEvents(events)
         self._trace_path = trace_path
         self._host_samples = host_samples
         self._proc_samples = proc_samples
@@ -56,7 +55,7 @@ class Run:
     @classmethod
     def from_bundle(cls, path: Path | str) -> Run:
         b = bundle_io.load(Path(path))
-        return cls(b.manifest, list(b.events()), b.trace_path, list(b.samples("host")), list(b.samples("procs")),
+        return cls(b.manifest, b.events(), b.trace_path, list(b.samples("host")), list(b.samples("procs")),
                    list(b.samples("gpu")), path=b.path)
 
     @property
@@ -86,17 +85,16 @@ class Run:
 
     # -- raw events ------------------------------------------------------------------------------
     def events(self, kind: str) -> Iterator[dict[str, Any]]:
-        return (e for e in self._events if e.get("kind") == kind)
+        """This run's window's events of one kind, as written: its steps are those from its opening to the
+        next window's."""
+        if kind == "step":
+            return self._whole.steps_of(self.window)
+        return (e for e in self._whole.others_of(self.window) if e.get("kind") == kind)
 
     @property
     def windows(self) -> list[WindowInfo]:
         """Every profiling window opened in the run, in order (one unless it was profiled with --every)."""
         return self._whole.windows
-
-    @property
-    def _events(self) -> list[dict[str, Any]]:
-        """The events of this run's window: its steps are those from its opening to the next window's."""
-        return self._whole.events_of(self.window)
 
     @property
     def _startup_steps(self) -> int:
@@ -128,7 +126,9 @@ class Run:
         """Every step of the whole run, every window's included (the same as all_steps with one window)."""
         if len(self.windows) < 2:
             return self.all_steps
-        return [self._step_from_event(e) for e in self._whole.steps]
+        steps, (first, end) = self._whole.steps, self._whole.step_positions(self.window)
+        return ([self._step_from_event(e) for e in steps.between(0, first)] + self.all_steps
+                + [self._step_from_event(e) for e in steps.between(end, len(steps))])
 
     @property
     def window_spans(self) -> dict[int, tuple[float, float]]:
@@ -290,7 +290,7 @@ class Run:
 
     def _window_rows(self, key: str) -> list[dict[str, Any]]:
         analysed = {s.index for s in self.steps}
-        return [row for e in self.events("step") if e["step"] in analysed for row in e.get(key, [])]
+        return [row for e in self._whole.steps_of(self.window, analysed) for row in e.get(key, [])]
 
     @cached_property
     def copies(self) -> list[CopySite]:
@@ -405,67 +405,6 @@ class Run:
         exception = info.get("exception") or {}
         return Exit(info.get("ending", "unknown"), info.get("status"), exception.get("exception"),
                     exception.get("message"), Location.from_dict(exception.get("where")))
-
-
-class _WholeRun:
-    """The events of the whole run, read once and split by profiling window for every window's Run."""
-
-    def __init__(self, events: list[dict[str, Any]]) -> None:
-        self.events = events
-
-    @cached_property
-    def steps(self) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("kind") == "step"]
-
-    @cached_property
-    def windows(self) -> list[WindowInfo]:
-        opened: dict[int, dict[str, Any]] = {}
-        written: dict[int, str] = {}
-        analysed: set[int] = {0}  # a repeated window counts once it analysed a step: the script may end first
-        for e in self.events:
-            kind = e.get("kind")
-            if kind == "step" and e.get("window") in ANALYSED_WINDOW_STATES:
-                analysed.add(int(e.get("window_index", 0)))
-            if kind != "window":
-                continue
-            index = int(e.get("index", 0))  # bundles from before --every have one window and no index
-            if e.get("state") == "opened":
-                opened[index] = e
-            elif e.get("state") == "closed":
-                written[index] = e.get("trace", bundle_io.trace_name(index))
-        return [WindowInfo(i, int(e.get("first_step", 0)), float(e.get("t", 0.0)), written.get(i))
-                for i, e in sorted(opened.items()) if i in analysed]
-
-    def events_of(self, window: int) -> list[dict[str, Any]]:
-        return self.events if len(self.windows) < 2 else self._by_window[window]
-
-    @cached_property
-    def _by_window(self) -> dict[int, list[dict[str, Any]]]:
-        """Each window's events: the run's other events, its own window events, and the steps from its opening
-        to the next window's (step events are written in order, so each window's are a slice)."""
-        others = [e for e in self.events if e.get("kind") not in ("step", "window")]
-        window_events: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for e in self.events:
-            if e.get("kind") == "window":
-                window_events[int(e.get("index", 0))].append(e)
-        numbers = [e["step"] for e in self.steps]
-        windows = self.windows
-        split = {}
-        for position, info in enumerate(windows):
-            first = bisect_left(numbers, info.first_step) if position else 0
-            end = bisect_left(numbers, windows[position + 1].first_step) if position + 1 < len(windows) else None
-            split[info.index] = others + window_events[info.index] + self.steps[first:end]
-        return split
-
-    @cached_property
-    def window_spans(self) -> dict[int, tuple[float, float]]:
-        spans: dict[int, tuple[float, float]] = {}
-        for e in self.steps:
-            if e.get("window") in ANALYSED_WINDOW_STATES:
-                index, start, end = int(e.get("window_index", 0)), float(e["t0"]), float(e["t1"])
-                first, last = spans.get(index, (start, end))
-                spans[index] = (min(first, start), max(last, end))
-        return spans
 
 
 def _within(samples: list[dict[str, Any]], span: tuple[float, float] | None, margin: float) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ class GilStats:
     max_s: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a run of hours has hundreds of thousands
 class Step:
     """One training (or inference) step, from the instrumentation and, inside the window, the trace."""
 
