@@ -47,7 +47,7 @@ class StepLog:
         self._labels = array("H")  # a plain step's (source, window), as an index into _label_values
         self._label_values: list[tuple[str, str]] = []
         self._label_codes: dict[tuple[str, str], int] = {}
-        self._others: dict[int, dict[str, Any]] = {}  # position -> a step event kept whole
+        self._kept_whole: dict[int, dict[str, Any]] = {}  # position -> a step event kept whole
 
     def append(self, event: dict[str, Any]) -> None:
         position = len(self.numbers)
@@ -59,7 +59,7 @@ class StepLog:
             self._batches.append(batches)
             self._labels.append(self._label_code((source, window)))
         else:
-            self._others[position] = event
+            self._kept_whole[position] = event
             self._times.extend((0.0,) * _TIMES)
             self._batches.append(0)
             self._labels.append(0)
@@ -79,7 +79,7 @@ class StepLog:
     def window_marks(self) -> Iterator[tuple[str | None, int, float, float]]:
         """Each step's (window state, window index, t0, t1), without making its dict."""
         for position in range(len(self)):
-            event = self._others.get(position)
+            event = self._kept_whole.get(position)
             if event is not None:
                 yield event.get("window"), int(event.get("window_index", 0)), event.get("t0"), event.get("t1")
             else:
@@ -87,7 +87,7 @@ class StepLog:
                 yield self._label_values[self._labels[position]][1], 0, t0, t1
 
     def _event(self, position: int) -> dict[str, Any]:
-        event = self._others.get(position)
+        event = self._kept_whole.get(position)
         if event is not None:
             return event
         t0, t1, wall_s, data_wait_s, t = self._times[_TIMES * position:_TIMES * (position + 1)]
