@@ -1,61 +1,26 @@
-"""Helpers for testing rules: build a run bundle in a few lines, open a recorded one, run one rule on it.
-
-`BundleBuilder` writes the same files, in the same formats, that `gpudoctor profile` writes (manifest.json,
-events.jsonl, samples/*.jsonl and a Chrome trace, trace.json.gz), so what it builds is read by the real
-loader: `gpudoctor.bundle.load` and `Run.from_bundle`. A rule test describes a run by the numbers it
-cares about and lets the builder fill in the rest::
-
-    from gpudoctor.testing import BundleBuilder, assert_fires, assert_silent
-
-    def test_loader_in_main_process(tmp_path):
-        b = BundleBuilder(tmp_path)
-        b.loader(num_workers=0, batch_size=32, site=("train.py", 41, "main"))
-        b.steps(5, wall_s=0.100, data_wait_s=0.060, gpu_busy_s=0.030)
-        findings = assert_fires(my_rule, b.build(), count=1)
-        assert findings[0]["location"]["line"] == 41
-
-Steps are numbered from 0 and take the profiling-window state that the recorder would give them: with
-the default `window=(0, 0, None)` every step is an analysed ("active") step; with `window=(5, 2, 5)` the
-first five are "waiting", the next two "warmup", the next five "active" and the rest "closed". Only
-warm-up and active steps carry phases, copies, syncs, GIL and CUDA-memory figures, as in a real run.
-Times are seconds, sizes bytes, CPU in cores; every step starts where the previous one ended.
-
-`load_fixture(name)` opens a bundle recorded on a GPU (fixtures/bundles/NAME, or packed in a .tar.gz
-there); `run_rule`, `assert_fires`, `assert_silent` and `assert_not_evaluated` run one rule on a run.
-"""
+"""`BundleBuilder`: write a valid run bundle in a few lines, for rule tests (see `gpudoctor.testing`)."""
 
 from __future__ import annotations
 
-import atexit
 import gzip
 import json
-import os
 import shutil
-import tarfile
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from gpudoctor import __version__
 from gpudoctor import bundle as bundle_io
-from gpudoctor.analysis import NotEvaluated, Run
-from gpudoctor.engine import EngineResult, Rule, run_rules
+from gpudoctor.analysis import Run
+from gpudoctor.testing.sites import SITE_DEFAULT, Site, site_dict
 
-__all__ = [
-    "BundleBuilder", "RuleRaised", "assert_fires", "assert_not_evaluated", "assert_silent", "evaluate",
-    "fixture_path", "load_fixture", "run_rule",
-]
-
-Site = Union[tuple[str, int, str], dict[str, Any], None]
 
 GiB = 1024 ** 3
 DEFAULT_START = 1_000_000.0  # the first step's start, in seconds since the epoch: small, so times keep full precision
 DEFAULT_PID = 4242
 DEFAULT_STREAM = 7
 H100 = {"name": "NVIDIA H100 80GB HBM3", "total_memory": 85_520_809_984, "capability": "9.0", "multiprocessors": 132}
-_SITE_DEFAULT: Any = object()  # "use the builder's default call site for this kind of event"
 _DEFAULT_LINES = {"loader": 40, "thread": 30, "fork": 40, "copy": 52, "sync": 58}
 _WINDOW_STATES = ("warmup", "active")
 
@@ -201,7 +166,7 @@ class BundleBuilder:
 
     # -- instrumentation events ------------------------------------------------------------------
     def loader(self, num_workers: int = 0, pin_memory: bool = False, batch_size: int | None = 32, *,
-               site: Site = _SITE_DEFAULT, prefetch_factor: int | None = None, persistent_workers: bool = False,
+               site: Site = SITE_DEFAULT, prefetch_factor: int | None = None, persistent_workers: bool = False,
                drop_last: bool = False, dataset: str = "Dataset", dataset_len: int | None = None,
                start_method: str | None = None) -> BundleBuilder:
         """A DataLoader the script iterated (the first one is `run.loader.main`)."""
@@ -216,21 +181,21 @@ class BundleBuilder:
 
     def copy(self, direction: str = "h2d", pinned: bool | None = False, non_blocking: bool = False, *,
              bytes: int = 4 * 1024 * 1024, host_s: float = 0.001, count: int = 1, max_s: float | None = None,
-             site: Site = _SITE_DEFAULT, step: int | None = None) -> BundleBuilder:
+             site: Site = SITE_DEFAULT, step: int | None = None) -> BundleBuilder:
         """Host<->device copies from one call site, per step: in step `step`, or (None) in every window step."""
         row = _copy_row(direction, pinned, non_blocking, bytes, host_s, count, max_s, self._site(site, "copy"))
         self._copies.append((step, row))
         return self
 
     def sync(self, kind: str = "item", *, host_s: float = 0.001, count: int = 1, max_s: float | None = None,
-             site: Site = _SITE_DEFAULT, step: int | None = None) -> BundleBuilder:
+             site: Site = SITE_DEFAULT, step: int | None = None) -> BundleBuilder:
         """Synchronizing calls (item, tolist, bool, float, int, print, synchronize, empty_cache) from one
         call site, per step: in step `step`, or (None) in every window step."""
         self._syncs.append((step, _sync_row(kind, host_s, count, max_s, self._site(site, "sync"))))
         return self
 
     def fork(self, cuda_initialized: bool = True, start_method: str | None = None, dataloader_worker: bool = True, *,
-             count: int = 1, site: Site = _SITE_DEFAULT, t: float | None = None) -> BundleBuilder:
+             count: int = 1, site: Site = SITE_DEFAULT, t: float | None = None) -> BundleBuilder:
         """`count` forks of the script's process (DataLoader workers by default), before the first step."""
         for _ in range(count):
             self._forks.append({
@@ -241,7 +206,7 @@ class BundleBuilder:
         return self
 
     def thread(self, name: str = "Thread-1", target: str | None = "worker", *, module: str | None = "__main__",
-               daemon: bool = False, site: Site = _SITE_DEFAULT, native_id: int | None = None) -> BundleBuilder:
+               daemon: bool = False, site: Site = SITE_DEFAULT, native_id: int | None = None) -> BundleBuilder:
         """A thread the script started (module "torch..." or "multiprocessing..." marks a library's thread).
 
         `native_id` is its OS thread id: in the main process's samples (see `process`), thread i of
@@ -254,13 +219,13 @@ class BundleBuilder:
              message: str | None = None, where: Site = None) -> BundleBuilder:
         """How the script ended (manifest `exit`, and the script's `end` event)."""
         self._exit = {"ending": ending, "status": status, "exception": exception, "message": message,
-                      "where": _site_dict(where)}
+                      "where": site_dict(where)}
         return self
 
     def _site(self, site: Site, kind: str) -> dict[str, Any] | None:
-        if site is _SITE_DEFAULT:
+        if site is SITE_DEFAULT:
             return {"file": self.script, "line": _DEFAULT_LINES[kind], "function": "main"}
-        return _site_dict(site)
+        return site_dict(site)
 
     # -- samples ---------------------------------------------------------------------------------
     def process(self, cores: float | None = None, *, name: str = "python", thread_cores: Sequence[float] | None = None,
@@ -651,14 +616,6 @@ class BundleBuilder:
         }
 
 
-def _site_dict(site: Site) -> dict[str, Any] | None:
-    if site is None:
-        return None
-    if isinstance(site, dict):
-        return {"file": site["file"], "line": int(site.get("line", 0)), "function": site.get("function", "")}
-    file, line, function = site
-    return {"file": file, "line": int(line), "function": function}
-
 
 def _copy_row(direction: str = "h2d", pinned: bool | None = False, non_blocking: bool = False,
               bytes: int = 4 * 1024 * 1024, host_s: float = 0.001, count: int = 1, max_s: float | None = None,
@@ -667,13 +624,13 @@ def _copy_row(direction: str = "h2d", pinned: bool | None = False, non_blocking:
         raise ValueError(f"direction must be h2d or d2h, not {direction!r}")
     return {"direction": direction, "pinned": pinned, "non_blocking": non_blocking, "count": count,
             "bytes": bytes, "host_s": host_s, "max_s": max_s if max_s is not None else host_s / max(count, 1),
-            "site": _site_dict(site)}
+            "site": site_dict(site)}
 
 
 def _sync_row(kind: str = "item", host_s: float = 0.001, count: int = 1, max_s: float | None = None,
               site: Site = None) -> dict[str, Any]:
     return {"kind": kind, "count": count, "host_s": host_s,
-            "max_s": max_s if max_s is not None else host_s / max(count, 1), "site": _site_dict(site)}
+            "max_s": max_s if max_s is not None else host_s / max(count, 1), "site": site_dict(site)}
 
 
 def _gil_summary(gil: float | dict[str, Any] | None, wall_s: float) -> dict[str, Any] | None:
@@ -714,198 +671,4 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 def _write_trace(path: Path, trace: dict[str, Any]) -> None:
     with gzip.open(path, "wt", encoding="utf-8") as f:
         json.dump(trace, f)
-
-
-# -- recorded fixtures -----------------------------------------------------------------------------
-FIXTURES_ENV = "GPUDOCTOR_FIXTURES"
-_extracted: dict[Path, Path] = {}
-_cache_root: Path | None = None
-
-
-def _default_fixtures_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "fixtures" / "bundles"
-
-
-def fixture_path(name: str, root: Path | str | None = None) -> Path:
-    """The directory of the recorded bundle `name`: ROOT/NAME, or NAME/ inside a .tar.gz in ROOT (extracted
-    once per process into a temporary directory). ROOT defaults to $GPUDOCTOR_FIXTURES, else the
-    checkout's fixtures/bundles/."""
-    base = Path(root or os.environ.get(FIXTURES_ENV) or _default_fixtures_dir())
-    direct = base / name
-    if (direct / bundle_io.MANIFEST).is_file():
-        return direct
-    archives = [base / f"{name}.tar.gz"] + sorted(p for p in base.glob("*.tar.gz") if p.name != f"{name}.tar.gz")
-    for archive in archives:
-        if archive.is_file():
-            extracted = _extract(archive)
-            if (extracted / name / bundle_io.MANIFEST).is_file():
-                return extracted / name
-    raise FileNotFoundError(f"no recorded bundle named {name!r} in {base} (as a directory or inside a .tar.gz); "
-                            f"available: {', '.join(available_fixtures(base)) or 'none'}. Record them with "
-                            "fixtures/record.py on a GPU machine.")
-
-
-def available_fixtures(root: Path | str | None = None) -> list[str]:
-    """Names of the recorded bundles in ROOT, unpacked or packed."""
-    base = Path(root or os.environ.get(FIXTURES_ENV) or _default_fixtures_dir())
-    if not base.is_dir():
-        return []
-    names = {p.parent.name for p in base.glob(f"*/{bundle_io.MANIFEST}")}
-    for archive in base.glob("*.tar.gz"):
-        with tarfile.open(archive) as tar:
-            names |= {m.name.split("/")[0] for m in tar.getmembers() if m.name.endswith(f"/{bundle_io.MANIFEST}")}
-    return sorted(names)
-
-
-def load_fixture(name: str, root: Path | str | None = None) -> Run:
-    """The recorded bundle `name` (see fixture_path), loaded as a `Run`."""
-    return Run.from_bundle(fixture_path(name, root))
-
-
-def _extract(archive: Path) -> Path:
-    global _cache_root
-    archive = archive.resolve()
-    if archive not in _extracted:
-        if _cache_root is None:
-            _cache_root = Path(tempfile.mkdtemp(prefix="gpudoctor-fixtures-"))
-            atexit.register(shutil.rmtree, _cache_root, True)
-        target = _cache_root / f"{len(_extracted)}-{archive.name.removesuffix('.tar.gz')}"
-        target.mkdir()
-        with tarfile.open(archive) as tar:
-            _safe_extract(tar, target)
-        _extracted[archive] = target
-    return _extracted[archive]
-
-
-def _safe_extract(tar: tarfile.TarFile, target: Path) -> None:
-    if hasattr(tarfile, "data_filter"):  # Python 3.12, and 3.10.12 / 3.11.4 onwards
-        tar.extractall(target, filter="data")
-        return
-    for member in tar.getmembers():
-        resolved = (target / member.name).resolve()
-        if not (member.isfile() or member.isdir()) or target.resolve() not in (resolved, *resolved.parents):
-            raise ValueError(f"refusing to extract {member.name!r}: not a plain file inside the archive")
-    tar.extractall(target)  # noqa: S202 - every member was checked above
-
-
-# -- running one rule ------------------------------------------------------------------------------
-class RuleRaised(AssertionError):
-    """The rule raised an exception (the engine would have reported it as an error row)."""
-
-
-def _resolve(rule: Rule | str) -> Rule:
-    if isinstance(rule, Rule):
-        return rule
-    from gpudoctor.loading import load_rules
-
-    for r in load_rules(()):
-        if rule in (r.code, r.name, *r.aliases):
-            return r
-    raise LookupError(f"no rule has the code or name {rule!r}")
-
-
-def evaluate(rule: Rule | str, run: Run, **options: Any) -> EngineResult:
-    """Run one rule through the engine, with option overrides; the full result (findings, not_evaluated, errors)."""
-    r = _resolve(rule)
-    unknown = set(options) - set(r.options)
-    if unknown:
-        raise TypeError(f"rule {r.code} has no option(s) {', '.join(sorted(unknown))}; its options: "
-                        f"{', '.join(r.options) or 'none'}")
-    return run_rules(run, [r], {r.code: options})
-
-
-def run_rule(rule: Rule | str, run: Run, **options: Any) -> list[dict[str, Any]]:
-    """The finding dicts (as in findings.json) that one rule produces on `run`.
-
-    Raises NotEvaluated when the rule had not the data it needs, and RuleRaised (an AssertionError, with
-    the rule's traceback) when the rule itself failed: neither is the same as "no finding".
-    """
-    result = evaluate(rule, run, **options)
-    if result.errors:
-        error = result.errors[0]
-        raise RuleRaised(f"rule {error['code']} raised {error['error']}\n{error['traceback']}")
-    if result.not_evaluated:
-        raise NotEvaluated(result.not_evaluated[0]["reason"])
-    return result.findings
-
-
-def assert_fires(rule: Rule | str, run: Run, *, count: int | None = None, severity: str | None = None,
-                 impact: float | tuple[float, float] | None = None, title: str | None = None,
-                 location: Site | str = _SITE_DEFAULT, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Assert the rule produces findings (exactly `count`, when given) and return them.
-
-    Each check applies to the first finding: `severity`; `impact` as a value (to within 0.02) or a
-    (low, high) range; `title`, a substring of the title; `location`, a (file, line, function) tuple,
-    a "file:line" string, or None for "no location". A file given as a bare name matches its basename.
-    """
-    findings = _findings_for_assert(rule, run, options)
-    name = _resolve(rule).code
-    assert findings, f"rule {name} found nothing; expected {count or 'at least one'} finding(s)"
-    if count is not None:
-        assert len(findings) == count, f"rule {name} made {len(findings)} findings, expected {count}: " + _titles(findings)
-    first = findings[0]
-    if severity is not None:
-        assert first["severity"] == severity, f"rule {name}: severity {first['severity']!r}, expected {severity!r}"
-    if impact is not None:
-        _check_impact(name, first["impact"], impact)
-    if title is not None:
-        assert title in first["title"], f"rule {name}: title {first['title']!r} does not contain {title!r}"
-    if location is not _SITE_DEFAULT:
-        _check_location(name, first["location"], location)
-    return findings
-
-
-def assert_silent(rule: Rule | str, run: Run, *, options: dict[str, Any] | None = None) -> None:
-    """Assert the rule ran (it was evaluated, and did not raise) and found nothing."""
-    findings = _findings_for_assert(rule, run, options)
-    assert not findings, f"rule {_resolve(rule).code} should be silent but found: " + _titles(findings)
-
-
-def assert_not_evaluated(rule: Rule | str, run: Run, reason: str | None = None, *,
-                         options: dict[str, Any] | None = None) -> str:
-    """Assert the rule was not evaluated (its data is missing); `reason` is a substring of its reason."""
-    result = evaluate(rule, run, **(options or {}))
-    name = _resolve(rule).code
-    assert not result.errors, f"rule {name} raised instead: {result.errors[0]['error']}"
-    assert result.not_evaluated, f"rule {name} was evaluated (findings: {_titles(result.findings) or 'none'})"
-    said = result.not_evaluated[0]["reason"]
-    assert reason is None or reason in said, f"rule {name}: reason {said!r} does not contain {reason!r}"
-    return said
-
-
-def _findings_for_assert(rule: Rule | str, run: Run, options: dict[str, Any] | None) -> list[dict[str, Any]]:
-    try:
-        return run_rule(rule, run, **(options or {}))
-    except NotEvaluated as exc:
-        raise AssertionError(f"rule {_resolve(rule).code} was not evaluated: {exc}") from None
-
-
-def _titles(findings: list[dict[str, Any]]) -> str:
-    return "; ".join(repr(f["title"]) for f in findings)
-
-
-def _check_impact(name: str, actual: float | None, expected: float | tuple[float, float]) -> None:
-    assert actual is not None, f"rule {name}: impact is None, expected {expected}"
-    if isinstance(expected, tuple):
-        low, high = expected
-        assert low <= actual <= high, f"rule {name}: impact {actual} outside [{low}, {high}]"
-    else:
-        assert abs(actual - expected) <= 0.02, f"rule {name}: impact {actual}, expected {expected} (±0.02)"
-
-
-def _check_location(name: str, actual: dict[str, Any] | None, expected: Site | str) -> None:
-    if expected is None:
-        assert actual is None, f"rule {name}: location {actual}, expected none"
-        return
-    assert actual is not None, f"rule {name}: no location, expected {expected}"
-    if isinstance(expected, str):
-        file, _, line = expected.rpartition(":")
-        want: dict[str, Any] = {"file": file, "line": int(line)}
-    else:
-        want = _site_dict(expected) or {}
-    got_file = str(actual["file"])
-    file_ok = got_file == want["file"] or ("/" not in want["file"] and os.path.basename(got_file) == want["file"])
-    line_ok = int(actual["line"]) == int(want["line"])
-    function_ok = "function" not in want or not want["function"] or actual.get("function") == want["function"]
-    assert file_ok and line_ok and function_ok, f"rule {name}: location {actual}, expected {want}"
 
