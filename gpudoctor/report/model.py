@@ -1,10 +1,11 @@
-"""Build the Report: everything the renderers show, computed here so that they only format.
+"""Build the Report: everything the renderers show, ready for them to format.
 
-The Report is a JSON-serializable dict. `findings.json` is a fixed subset of it (see render.FINDINGS_KEYS and
-gpudoctor/schemas/findings.schema.json); the rest feeds report.html:
+The figures come from analysis (`analysis.summary`, `analysis.timeline`, `analysis.kernels`); this module only
+assembles them, with their labels, into the Report, a JSON-serializable dict. `findings.json` is a fixed subset of
+it (see render.FINDINGS_KEYS and gpudoctor/schemas/findings.schema.json); the rest feeds report.html:
 
 - `summary`, `run`, `not_measured`: the verdict and the facts at the top;
-- `breakdown` and `charts.steps`: where each step's time went (mean per phase, and per step);
+- `breakdown`, `steps` and `charts.steps`: where each step's time went (mean per phase, each step, and per-step bars);
 - `charts.timeline`: GPU utilization, CPU of the script's process tree and of the host, loader wait per step, over
   the whole run, bucketed to at most MAX_POINTS points so that a long run stays a small page;
 - `charts.kernels`: the kernel-duration histogram, whenever the trace has GPU kernels (not only when a launch-bound
@@ -16,24 +17,25 @@ gpudoctor/schemas/findings.schema.json); the rest feeds report.html:
 from __future__ import annotations
 
 import datetime as dt
-import math
 import os
 import re
 import shlex
-import statistics
-from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from gpudoctor import __version__
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.views import SeriesPoint, Step
+from gpudoctor.analysis.kernels import KernelBin, KernelTotal, kernel_histogram
+from gpudoctor.analysis.summary import PhaseTime, StepBar, breakdown, median_step_s, phase_seconds, step_bars
+from gpudoctor.analysis.timeline import MAX_POINTS, Panel, Series, Span, timeline
+from gpudoctor.analysis.views import Step
 from gpudoctor.bundle import SCHEMA_VERSION
 from gpudoctor.engine import EngineResult
 
-PHASES = ("data_wait", "copy", "forward", "backward", "optimizer", "sync", "other")
+__all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "link_outputs", "source_snippet"]
+
 PHASE_LABELS = {
     "data_wait": "data wait", "copy": "host↔device copy", "forward": "forward", "backward": "backward",
     "optimizer": "optimizer", "sync": "sync", "other": "other host time",
@@ -42,51 +44,37 @@ COLLECTOR_LABELS = {
     "host": "host and process samples", "nvml": "GPU samples (NVML)", "profiler": "profiler trace",
     "nvtx": "NVTX ranges for Nsight Systems", "cuda_trace": "GPU activity in the profiler trace",
 }
-MAX_POINTS = 300  # timeline buckets: a few hundred points keep a long run's page small
-MAX_STEP_ROWS = 40  # per-step bars; more steps are shown as groups of consecutive steps, averaged
-KERNEL_BIN_EDGES_US = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 100_000)
+# The timeline's panels and series: title, unit and how each panel is drawn; each series' legend.
+PANEL_TEXT = {
+    "gpu": ("GPU utilization (NVML)", "%", "line"), "cpu": ("CPU (cores busy)", "cores", "line"),
+    "loader": ("Loader wait per step", "ms", "bars"),
+}
+SERIES_LABELS = {
+    "tree": "the script's processes", "host": "whole host", "wait": "longest wait", "wait_mean": "mean wait",
+}
+HOVER_ONLY_SERIES = frozenset({"wait_mean"})  # shown in a bucket's tooltip, not drawn
 SOURCE_CONTEXT = 3  # lines shown either side of a finding's line
 MAX_SOURCE_BYTES = 5_000_000
 MAX_SOURCE_LINE = 200
-TOP_KERNELS = 8
 MAX_KERNEL_NAME = 160
-
-
-def _phase_values(step: Step) -> dict[str, float | None]:
-    return {
-        "data_wait": step.data_wait_s, "copy": step.copy_s, "forward": step.forward_s, "backward": step.backward_s,
-        "optimizer": step.optimizer_s, "sync": step.sync_s, "other": step.other_s,
-    }
 
 
 def _step_row(step: Step) -> dict[str, Any]:
     return {
-        "index": step.index, "wall_s": step.wall_s, "window": step.window, **{f"{k}_s": v for k, v in _phase_values(step).items()},
+        "index": step.index, "wall_s": step.wall_s, "window": step.window,
+        **{f"{k}_s": v for k, v in phase_seconds(step).items()},
         "gpu_busy_s": step.gpu_busy_s, "gpu_idle_s": step.gpu_idle_s, "kernels": step.kernels,
     }
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def _mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.fmean(known) if known else None
-
-
 def _breakdown(steps: list[Step]) -> dict[str, Any]:
-    """Mean seconds per step in each phase, with each phase's share of the mean step."""
-    if not steps:
-        return {"phases": [], "mean_step_s": None}
-    mean_step = statistics.fmean(s.wall_s for s in steps)
-    phases = []
-    for phase in PHASES:
-        mean = _mean([_phase_values(s)[phase] for s in steps])
-        if mean is not None:
-            phases.append({"phase": phase, "label": PHASE_LABELS[phase], "mean_s": mean,
-                           "share": mean / mean_step if mean_step else 0.0})
-    return {"phases": phases, "mean_step_s": mean_step}
+    """The mean step and its phases (see analysis.summary.breakdown)."""
+    result = breakdown(steps)
+    return {"phases": [_phase_row(p) for p in result.phases], "mean_step_s": result.mean_step_s}
+
+
+def _phase_row(phase: PhaseTime) -> dict[str, Any]:
+    return {"phase": phase.phase, "label": PHASE_LABELS[phase.phase], "mean_s": phase.mean_s, "share": phase.share}
 
 
 def _not_measured(run: Run) -> list[dict[str, str]]:
@@ -160,7 +148,7 @@ def _run_facts(run: Run) -> dict[str, Any]:
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
         "gpus": [g.get("name") for g in env.gpus], "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
-        "median_step_s": _median([s.wall_s for s in steps]),
+        "median_step_s": median_step_s(steps),
         "ending": exit_info.get("ending"), "exit_status": exit_info.get("status"), "exception": _exception(run),
         "window": manifest.get("window"), "trace_only": run.trace_only,
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
@@ -168,132 +156,52 @@ def _run_facts(run: Run) -> dict[str, Any]:
 
 
 # -- per-step bars ---------------------------------------------------------------------------------
-def _step_groups(steps: list[Step]) -> list[list[Step]]:
-    size = max(1, math.ceil(len(steps) / MAX_STEP_ROWS))
-    return [steps[i:i + size] for i in range(0, len(steps), size)]
-
-
-def _step_bar(group: list[Step]) -> dict[str, Any]:
-    first, last = group[0].index, group[-1].index
-    wall = statistics.fmean(s.wall_s for s in group)
-    host = []
-    for phase in PHASES:
-        mean = _mean([_phase_values(s)[phase] for s in group])
-        if mean is not None:
-            host.append({"key": phase, "label": PHASE_LABELS[phase], "s": mean, "share": mean / wall if wall else 0.0})
-    busy, idle = _mean([s.gpu_busy_s for s in group]), _mean([s.gpu_idle_s for s in group])
-    gpu = None if busy is None or idle is None else {
-        "busy_s": busy, "idle_s": idle, "idle_share": idle / wall if wall else 0.0,
-    }
-    return {
-        "label": f"step {first}" if first == last else f"steps {first}–{last}", "first": first, "last": last,
-        "wall_s": wall, "host": host, "gpu": gpu,
-    }
+def _step_bar(bar: StepBar) -> dict[str, Any]:
+    host = [{"key": p.phase, "label": PHASE_LABELS[p.phase], "s": p.mean_s, "share": p.share} for p in bar.phases]
+    gpu = None if bar.gpu is None else {"busy_s": bar.gpu.busy_s, "idle_s": bar.gpu.idle_s,
+                                        "idle_share": bar.gpu.idle_share}
+    label = f"step {bar.first}" if bar.first == bar.last else f"steps {bar.first}–{bar.last}"
+    return {"label": label, "first": bar.first, "last": bar.last, "wall_s": bar.wall_s, "host": host, "gpu": gpu}
 
 
 def _step_chart(steps: list[Step]) -> dict[str, Any] | None:
-    """Per analysed step: host time by phase (adds up to the step's wall time), and GPU busy vs idle."""
-    if not steps:
+    """Per analysed step (see analysis.summary.step_bars): host time by phase, and GPU busy vs idle."""
+    bars = step_bars(steps)
+    if bars is None:
         return None
-    groups = _step_groups(steps)
-    rows = [_step_bar(g) for g in groups]
-    present = {seg["key"] for row in rows for seg in row["host"]}
     return {
-        "rows": rows, "steps_per_row": len(groups[0]), "max_s": max(r["wall_s"] for r in rows),
-        "legend": [{"key": p, "label": PHASE_LABELS[p]} for p in PHASES if p in present],
-        "has_gpu": any(r["gpu"] is not None for r in rows),
+        "rows": [_step_bar(b) for b in bars.bars], "steps_per_row": bars.steps_per_row, "max_s": bars.max_s,
+        "legend": [{"key": p, "label": PHASE_LABELS[p]} for p in bars.phases], "has_gpu": bars.has_gpu,
     }
 
 
 # -- the timeline ----------------------------------------------------------------------------------
-class _Buckets:
-    """Equal slices of the run's time span; a series falls into them as its mean (or max) per slice."""
-
-    def __init__(self, start: float, end: float, count: int) -> None:
-        self.start = start
-        self.count = max(1, count)
-        self.width = max(end - start, 1e-3) / self.count
-
-    def index(self, t: float) -> int:
-        return min(self.count - 1, max(0, int((t - self.start) / self.width)))
-
-    def fold(self, points: list[tuple[float, float | None]], how: Callable[[list[float]], float]) -> list[float | None]:
-        slots: list[list[float]] = [[] for _ in range(self.count)]
-        for t, value in points:
-            if value is not None:
-                slots[self.index(t)].append(value)
-        return [round(how(s), 4) if s else None for s in slots]
+def _span(span: Span) -> dict[str, float]:
+    return {"start": span.start, "end": span.end}
 
 
-def _series(points: list[SeriesPoint], key: str) -> list[tuple[float, float | None]]:
-    return [(p.t, None if p.values.get(key) is None else float(p.values[key])) for p in points]
+def _series_row(series: Series) -> dict[str, Any]:
+    label = f"GPU {series.device}" if series.device is not None else SERIES_LABELS[series.key]
+    row: dict[str, Any] = {"key": series.key, "label": label, "values": list(series.values)}
+    return {**row, "hover_only": True} if series.key in HOVER_ONLY_SERIES else row
 
 
-def _gpu_panel(run: Run, buckets: _Buckets) -> dict[str, Any] | None:
-    gpus = {d: _series(points, "util") for d, points in sorted(run.samples.gpu.items())}
-    gpus = {d: pts for d, pts in gpus.items() if any(v is not None for _, v in pts)}
-    if not gpus:
-        return None
-    # GPUs the run left at 0% all along are noise on a shared host: show those it used (at most 8).
-    shown = ([d for d, pts in gpus.items() if any(v for _, v in pts)] or list(gpus)[:1])[:8]
-    return {
-        "key": "gpu", "title": "GPU utilization (NVML)", "unit": "%", "kind": "line", "max": 100.0,
-        "series": [{"key": f"gpu{i}", "label": f"GPU {d}", "values": buckets.fold(gpus[d], statistics.fmean)}
-                   for i, d in enumerate(shown)],
-    }
-
-
-def _cpu_panel(run: Run, buckets: _Buckets) -> dict[str, Any] | None:
-    host = run.samples.host
-    if not host:
-        return None
-    tree = buckets.fold(_series(host, "tree_cores"), statistics.fmean)
-    busy = buckets.fold(_series(host, "busy_cores"), statistics.fmean)
-    peak = max((v for v in tree + busy if v is not None), default=0.0)
-    series = [{"key": "tree", "label": "the script's processes", "values": tree},
-              {"key": "host", "label": "whole host", "values": busy}]
-    return {
-        "key": "cpu", "title": "CPU (cores busy)", "unit": "cores", "kind": "line",
-        "max": float(max(run.env.cpu_count or run.env.cores or 1, math.ceil(peak))),
-        "series": [s for s in series if any(v is not None for v in s["values"])],
-    }
-
-
-def _loader_panel(steps: list[Step], buckets: _Buckets) -> dict[str, Any] | None:
-    if not steps or not any(s.data_wait_s for s in steps):
-        return None
-    waits = [(s.start, s.data_wait_s * 1e3) for s in steps]
-    longest = buckets.fold(waits, max)
-    return {
-        "key": "loader", "title": "Loader wait per step", "unit": "ms", "kind": "bars",
-        "max": max((v for v in longest if v is not None), default=1.0) or 1.0,
-        "series": [{"key": "wait", "label": "longest wait", "values": longest},
-                   {"key": "wait_mean", "label": "mean wait", "values": buckets.fold(waits, statistics.fmean),
-                    "hover_only": True}],
-    }
+def _panel(panel: Panel) -> dict[str, Any]:
+    title, unit, kind = PANEL_TEXT[panel.key]
+    return {"key": panel.key, "title": title, "unit": unit, "kind": kind, "max": panel.max,
+            "series": [_series_row(s) for s in panel.series]}
 
 
 def _timeline(run: Run) -> dict[str, Any] | None:
-    samples, steps = run.samples, run.run_steps
-    gpu_points = [p for points in samples.gpu.values() for p in points]
-    times = [p.t for p in samples.host] + [p.t for p in gpu_points] + [s.start for s in steps] + [s.end for s in steps]
-    if not times:
+    """The run's timeline (see analysis.timeline), GPU, CPU and loader panels with their titles and legends."""
+    result = timeline(run)
+    if result is None:
         return None
-    start, end = min(times), max(times)
-    dense = max(len(samples.host), max((len(p) for p in samples.gpu.values()), default=0), len(steps))
-    buckets = _Buckets(start, end, min(MAX_POINTS, dense // 2))  # ~2 samples a bucket: no empty ones by jitter
-    panels = [p for p in (_gpu_panel(run, buckets), _cpu_panel(run, buckets), _loader_panel(steps, buckets)) if p]
-    if not panels:
-        return None
-    span = run.span
     return {
-        "duration_s": end - start, "bucket_s": buckets.width,
-        "t": [round((i + 0.5) * buckets.width, 4) for i in range(buckets.count)],
-        "window": None if span is None else {"start": span[0] - start, "end": span[1] - start},
-        "other_windows": [{"start": a - start, "end": b - start} for i, (a, b) in sorted(run.window_spans.items())
-                          if i != run.window],
-        "steps_per_bucket": buckets.fold([(s.start, 1.0) for s in steps], sum),
-        "panels": panels,
+        "duration_s": result.duration_s, "bucket_s": result.bucket_s, "t": list(result.t),
+        "window": None if result.window is None else _span(result.window),
+        "other_windows": [_span(w) for w in result.other_windows],
+        "steps_per_bucket": list(result.steps_per_bucket), "panels": [_panel(p) for p in result.panels],
     }
 
 
@@ -309,42 +217,28 @@ def _bin_label(lo: float, hi: float | None) -> str:
     return f"{a}–{b} {unit_b}" if unit_a == unit_b else f"{a} {unit_a}–{b} {unit_b}"
 
 
+def _kernel_bin(b: KernelBin) -> dict[str, Any]:
+    return {"lo_us": b.lo_us, "hi_us": b.hi_us, "label": _bin_label(b.lo_us, b.hi_us), "count": b.count,
+            "time_us": b.time_us, "count_share": b.count_share, "time_share": b.time_share}
+
+
+def _top_kernel(k: KernelTotal) -> dict[str, Any]:
+    return {"name": k.name[:MAX_KERNEL_NAME], "count": k.count, "total_s": k.total_s, "mean_us": k.mean_us,
+            "share": k.share}
+
+
 def _kernel_histogram(run: Run, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Kernel durations in the analysed steps, in log-spaced bins: how many kernels, and how much GPU time."""
-    if run.gpu is None or not run.steps:
+    """The analysed steps' kernel durations (see analysis.kernels); `launch_bound` when a small-batch finding
+    points at them."""
+    histogram = kernel_histogram(run.gpu, run.steps)
+    if histogram is None:
         return None
-    kernels = [k for s in run.steps for k in run.gpu.kernels_in(s.start, s.end)]
-    durations = sorted(k.dur * 1e6 for k in kernels)
-    if not durations:
-        return None
-    edges = (0.0, *KERNEL_BIN_EDGES_US)
-    bins = []
-    for i, lo in enumerate(edges):
-        hi = edges[i + 1] if i + 1 < len(edges) else None
-        inside = [d for d in durations if d >= lo and (hi is None or d < hi)]
-        bins.append({"lo_us": lo, "hi_us": hi, "label": _bin_label(lo, hi), "count": len(inside), "time_us": sum(inside)})
-    used = [i for i, b in enumerate(bins) if b["count"]]
-    bins = bins[used[0]:used[-1] + 1]
-    total = sum(durations)
-    for b in bins:
-        b["count_share"] = b["count"] / len(durations)
-        b["time_share"] = b["time_us"] / total if total else 0.0
     return {
-        "count": len(durations), "per_step": len(durations) / len(run.steps), "median_us": statistics.median(durations),
-        "total_s": total / 1e6, "bins": bins, "top": _top_kernels(kernels, total / 1e6),
+        "count": histogram.count, "per_step": histogram.per_step, "median_us": histogram.median_us,
+        "total_s": histogram.total_s, "bins": [_kernel_bin(b) for b in histogram.bins],
+        "top": [_top_kernel(k) for k in histogram.top],
         "launch_bound": any(f["category"] == "small_batch" for f in _problems(findings)),
     }
-
-
-def _top_kernels(kernels: list[Any], total_s: float, limit: int = TOP_KERNELS) -> list[dict[str, Any]]:
-    """The kernels that took the most GPU time in the analysed steps, by name."""
-    by_name: dict[str, list[float]] = defaultdict(list)
-    for k in kernels:
-        by_name[k.name].append(k.dur)
-    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:limit]
-    return [{"name": name[:MAX_KERNEL_NAME], "count": len(durs), "total_s": sum(durs),
-             "mean_us": statistics.fmean(durs) * 1e6, "share": sum(durs) / total_s if total_s else 0.0}
-            for name, durs in ranked]
 
 
 # -- finding cards ---------------------------------------------------------------------------------

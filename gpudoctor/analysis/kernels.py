@@ -1,0 +1,105 @@
+"""Kernel durations in the analysed steps: a log-binned histogram, and the kernels that took the most GPU time.
+
+Many kernels of a few microseconds each mean the GPU spends its time waiting on launches (a small batch, or
+an unfused model); the histogram shows that shape on any run whose trace has GPU kernels.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.trace import GpuOp
+from gpudoctor.analysis.views import Step
+
+# Upper edges of the histogram's bins, in µs; the first bin starts at 0 and the last has no upper edge.
+KERNEL_BIN_EDGES_US = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 100_000)
+TOP_KERNELS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class KernelBin:
+    """The kernels whose duration lies in [lo_us, hi_us) (no upper edge when hi_us is None): how many, their
+    GPU time in µs, and their shares of all the kernels' count and time."""
+
+    lo_us: float
+    hi_us: float | None
+    count: int
+    time_us: float
+    count_share: float
+    time_share: float  # 0.0 when the kernels took no time at all
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTotal:
+    """Every launch of one kernel (by name) in the analysed steps: how many, their GPU seconds, their mean
+    duration in µs and their share of all the kernels' time."""
+
+    name: str
+    count: int
+    total_s: float
+    mean_us: float
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class KernelHistogram:
+    """The kernels that start in the analysed steps: `count` of them (`per_step` on average), their median
+    duration in µs and total GPU seconds; `bins` from the first non-empty bin to the last, and `top`, the
+    kernels that took the most time, most first."""
+
+    count: int
+    per_step: float
+    median_us: float
+    total_s: float
+    bins: tuple[KernelBin, ...]
+    top: tuple[KernelTotal, ...]
+
+
+def kernels_in_steps(gpu: GpuView, steps: Sequence[Step]) -> list[GpuOp]:
+    """The kernels that start in the steps, step by step."""
+    return [k for s in steps for k in gpu.kernels_in(s.start, s.end)]
+
+
+def kernel_histogram(gpu: GpuView | None, steps: Sequence[Step], top: int = TOP_KERNELS) -> KernelHistogram | None:
+    """Kernel durations in `steps`, in log-spaced bins; None without GPU activity, steps, or kernels in them."""
+    if gpu is None or not steps:
+        return None
+    kernels = kernels_in_steps(gpu, steps)
+    durations = sorted(k.dur * 1e6 for k in kernels)
+    if not durations:
+        return None
+    total = sum(durations)
+    return KernelHistogram(
+        count=len(durations), per_step=len(durations) / len(steps), median_us=statistics.median(durations),
+        total_s=total / 1e6, bins=_bins(durations, total), top=top_kernels(kernels, total / 1e6, top),
+    )
+
+
+def _bins(durations: Sequence[float], total: float) -> tuple[KernelBin, ...]:
+    """Every bin from the first that holds a kernel to the last that does (those between may be empty)."""
+    edges = (0.0, *KERNEL_BIN_EDGES_US)
+    uppers = (*KERNEL_BIN_EDGES_US, None)
+    bins = [_bin(lo, hi, durations, total) for lo, hi in zip(edges, uppers)]
+    used = [i for i, b in enumerate(bins) if b.count]
+    return tuple(bins[used[0]:used[-1] + 1])
+
+
+def _bin(lo: float, hi: float | None, durations: Sequence[float], total: float) -> KernelBin:
+    inside = [d for d in durations if d >= lo and (hi is None or d < hi)]
+    time_us = sum(inside)
+    return KernelBin(lo_us=lo, hi_us=hi, count=len(inside), time_us=time_us, count_share=len(inside) / len(durations),
+                     time_share=time_us / total if total else 0.0)
+
+
+def top_kernels(kernels: Sequence[GpuOp], total_s: float, limit: int = TOP_KERNELS) -> tuple[KernelTotal, ...]:
+    """The `limit` kernel names that took the most GPU time among `kernels`; shares are of `total_s`."""
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for k in kernels:
+        by_name[k.name].append(k.dur)
+    ranked = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:limit]
+    return tuple(KernelTotal(name=name, count=len(durs), total_s=sum(durs), mean_us=statistics.fmean(durs) * 1e6,
+                             share=sum(durs) / total_s if total_s else 0.0) for name, durs in ranked)
