@@ -14,7 +14,6 @@ import typer
 from typer.core import TyperCommand, TyperOption
 
 from gpudoctor import __version__
-from gpudoctor.analysis.trace import TraceProgress
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.diagnose import (
     PreparedRules, RuleSelection, diagnose, load_project_rules, open_run, prepare_rules, write_outputs,
@@ -24,6 +23,7 @@ from gpudoctor.engine import CATEGORIES, SEVERITIES
 from gpudoctor.launcher import ProfileRequest, profile as run_profile
 from gpudoctor.report.render import to_text
 from gpudoctor.scaffold import DEFAULT_NAME, new_rule
+from gpudoctor.ui.trace_progress import TraceProgress
 
 # Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
 _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")

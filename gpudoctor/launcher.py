@@ -27,7 +27,7 @@ from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
 from gpudoctor.collect.stub import child_command
 from gpudoctor.errors import EXIT_TIMEOUT, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
-from gpudoctor.progress import Progress
+from gpudoctor.ui.status_line import Progress
 
 STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
 

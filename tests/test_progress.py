@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conftest import Result
 from gpudoctor.collect.config import WindowConfig
-from gpudoctor.progress import EventTail, Progress, Status
+from gpudoctor.ui.status_line import EventTail, Progress, Status
 
 WINDOW = WindowConfig(wait=2, warmup=1, active=3)
 

@@ -17,8 +17,9 @@ import pytest
 
 from gpudoctor import bundle
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.trace import SYNC_RUNTIME, TraceData, TraceProgress, parse_trace
+from gpudoctor.analysis.trace import SYNC_RUNTIME, TraceData, parse_trace
 from gpudoctor.errors import BundleError
+from gpudoctor.ui.trace_progress import TraceProgress
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"

@@ -10,8 +10,8 @@ import pytest
 from conftest import Gpudoctor, Result, script
 from gpudoctor.analysis import Run
 from gpudoctor.paths import findings_schema
-from gpudoctor.progress import Status
 from gpudoctor.collect.config import WindowConfig
+from gpudoctor.ui.status_line import Status
 
 LATE = script("late_starvation.py")
 LOADER_LINE = next(i for i, line in enumerate(open(LATE), start=1) if "# LOADER" in line)

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gpudoctor.bundle import EventFilter, TraceNotStreamable, read_trace, trace_stream
 
@@ -210,53 +208,6 @@ def _kept_annotation(name: str) -> bool:
 def _tid(event: dict[str, Any]) -> int:
     tid = event.get("tid", 0)
     return tid if isinstance(tid, int) else hash(tid)
-
-
-class TraceProgress:
-    """`gpudoctor ▸ reading the trace:  42% (31 of 74 MB)` on one line of a terminal while a trace is read
-    (MB of the file as it is on disk, compressed or not).
-
-    Nothing is drawn for a trace read in under `delay_s`, and the line is cleared when reading ends.
-    Use `TraceProgress.on_terminal()`, which gives None when stderr is not a terminal.
-    """
-
-    def __init__(self, stream: IO[str], label: str = "trace", delay_s: float = 0.5, interval_s: float = 0.2) -> None:
-        self.stream, self.label = stream, label
-        self.delay_s, self.interval_s = delay_s, interval_s
-        self.started: float | None = None  # the first chunk read
-        self._last = 0.0
-        self.drawn = False
-
-    @classmethod
-    def on_terminal(cls, stream: IO[str] | None = None, label: str = "trace") -> TraceProgress | None:
-        from gpudoctor.progress import is_terminal
-
-        stream = sys.stderr if stream is None else stream
-        return cls(stream, label) if is_terminal(stream) else None
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-        if now - self.started < self.delay_s or now - self._last < self.interval_s:
-            return
-        self._last = now
-        share = f"{done / total:4.0%} " if total else ""
-        mb = f"({done / 1e6:,.0f} of {total / 1e6:,.0f} MB)"
-        self._write(f"\r\x1b[2Kgpudoctor ▸ reading the {self.label}: {share}{mb}")
-        self.drawn = True
-
-    def close(self) -> None:
-        if self.drawn:
-            self._write("\r\x1b[2K")
-            self.drawn = False
-
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def parse_python_frame(name: str) -> dict[str, Any] | None:

@@ -1,4 +1,4 @@
-"""The progress line on the terminal while the script runs: steps seen, and where the profiling window is.
+"""The status line on the terminal while the script runs: steps seen, and where the profiling window is.
 
 The parent reads the tail of the child's events.jsonl every half second and draws one status line on the bottom row
 of the terminal. The script writes to the same terminal, so the status line must never land inside its output: the
@@ -20,18 +20,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpudoctor.collect.config import WindowConfig
+from gpudoctor.ui.terminal import is_terminal
 
 INTERVAL_S = 0.5
 ESC = "\x1b"
 SAVE, RESTORE = f"{ESC}7", f"{ESC}8"  # DEC save/restore cursor
 CLEAR_LINE = f"{ESC}[2K"
-
-
-def is_terminal(stream: IO[str] | None) -> bool:
-    try:
-        return stream is not None and stream.isatty() and os.environ.get("TERM") != "dumb"
-    except (AttributeError, ValueError, OSError):
-        return False
 
 
 class EventTail:
