@@ -23,7 +23,9 @@ from typing import Any
 
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.instrument import Instrumentation
-from gpudoctor.collect.recorder import MaxStepsReached, Recorder, set_active
+from gpudoctor.bundle.events import ProcessEvent
+from gpudoctor.bundle.records import Site
+from gpudoctor.collect.recorder import ExceptionDetails, MaxStepsReached, Recorder, set_active
 
 
 # How long SIGTERM waits for the window's trace to be written before the script dies anyway; an export with
@@ -45,13 +47,11 @@ def _trim(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def _exception_event(exc: BaseException) -> dict[str, Any]:
+def _exception_details(exc: BaseException) -> ExceptionDetails:
     frames = traceback.extract_tb(exc.__traceback__)
     last = frames[-1] if frames else None
-    return {
-        "exception": type(exc).__qualname__, "message": str(exc)[:4000],
-        "where": {"file": last.filename, "line": last.lineno, "function": last.name} if last else None,
-    }
+    where = Site(file=last.filename, line=last.lineno or 0, function=last.name) if last else None
+    return type(exc).__qualname__, str(exc)[:4000], where
 
 
 def _run(target_kind: str, target: str, args: list[str]) -> None:
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     except BaseException as exc:
-        _finish(recorder, instrumentation, "exception", **_exception_event(exc))
+        _finish(recorder, instrumentation, "exception", exception=_exception_details(exc))
         exc.__traceback__ = _trim(exc.__traceback__)  # the default excepthook prints the exception's own
         sys.excepthook(type(exc), exc, exc.__traceback__)
         sys.exit(1)
@@ -146,24 +146,24 @@ def _exit_code(code: object) -> int:
     return code if isinstance(code, int) else 1
 
 
-def _finish(recorder: Recorder, instrumentation: Instrumentation, reason: str, **details: Any) -> None:
+def _finish(recorder: Recorder, instrumentation: Instrumentation, reason: str, code: int | None = None,
+            exception: ExceptionDetails | None = None) -> None:
     try:
         instrumentation.uninstall()
-        recorder.finish(reason, **details)
+        recorder.finish(reason, code, exception)
     except Exception as exc:  # gpudoctor must never change how the script ends
         print(f"gpudoctor: could not finish recording: {exc}", file=sys.stderr)
 
 
-def _process_facts() -> dict[str, Any]:
+def _process_facts() -> ProcessEvent:
     import multiprocessing
     import platform
 
     gil = getattr(sys, "_is_gil_enabled", None)
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "kind": "process", "pid": os.getpid(), "python": platform.python_version(),
-        "implementation": platform.python_implementation(), "executable": sys.executable,
-        "gil_enabled": gil() if gil else True, "cpu_count": os.cpu_count(), "affinity": affinity,
-        "start_method": multiprocessing.get_start_method(allow_none=True),
-        "switch_interval_s": sys.getswitchinterval(), "main_native_id": threading.get_native_id(),
-    }
+    return ProcessEvent(
+        pid=os.getpid(), python=platform.python_version(), implementation=platform.python_implementation(),
+        executable=sys.executable, gil_enabled=gil() if gil else True, cpu_count=os.cpu_count(), affinity=affinity,
+        start_method=multiprocessing.get_start_method(allow_none=True), switch_interval_s=sys.getswitchinterval(),
+        main_native_id=threading.get_native_id(),
+    )

@@ -18,10 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gpudoctor import __version__
 from gpudoctor.bundle import (
     EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, trace_names,
     write_json_atomic,
+)
+from gpudoctor.bundle.events import (
+    EVENT_DECODER, CollectorEvent, EndEvent, EnvWindowEvent, ProcessEvent, ProcessFacts, TorchEvent, TorchFacts,
+    WindowEvent, WindowFacts,
+)
+from gpudoctor.bundle.manifest import (
+    ChildFacts, CollectorStatus, ExceptionInfo, ExitInfo, HostInfo, Manifest, Target, WindowSettings,
 )
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
@@ -107,31 +116,21 @@ def _remove_previous_run(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
-def _base_manifest(request: ProfileRequest, run_dir: Path, samplers: Samplers) -> dict[str, Any]:
-    memory = _total_memory()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "gpudoctor_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "status": "running",
-        "target": {"script": request.script, "module": request.module, "args": request.args},
-        "cwd": os.getcwd(),
-        "python": platform.python_version(),
-        "host": {
-            "hostname": socket.gethostname(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "memory_total": memory,
-        },
-        "gpus": samplers.gpus,
-        "driver": samplers.driver,
-        "window": {"wait": request.window.wait, "warmup": request.window.warmup, "active": request.window.active,
-                   "every_s": request.window.every_s},
-        "max_steps": request.max_steps,
-        "with_stack": request.with_stack,
-        "timeout_s": request.timeout_s,
-        "collectors": samplers.collectors,
-        "files": [],
-    }
+def _base_manifest(request: ProfileRequest, samplers: Samplers) -> Manifest:
+    window = request.window
+    return Manifest(
+        schema_version=SCHEMA_VERSION, gpudoctor_version=__version__,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(), status="running",
+        target=Target(script=request.script, module=request.module, args=request.args), cwd=os.getcwd(),
+        python=platform.python_version(),
+        host=HostInfo(hostname=socket.gethostname(), platform=platform.platform(), cpu_count=os.cpu_count(),
+                      affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                      memory_total=_total_memory()),
+        gpus=samplers.gpus, driver=samplers.driver,
+        window=WindowSettings(wait=window.wait, warmup=window.warmup, active=window.active, every_s=window.every_s),
+        max_steps=request.max_steps, with_stack=request.with_stack, timeout_s=request.timeout_s,
+        collectors=dict(samplers.collectors),
+    )
 
 
 def _total_memory() -> int | None:
@@ -203,40 +202,63 @@ def exit_status_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _child_end(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """The script process's `end` event (None if it died without one) and the facts it reported."""
-    end, facts = None, {}
+@dataclass
+class ChildReport:
+    """What the script's process said about itself in its events."""
+
+    end: EndEvent | None = None  # its last event; None when it died without one
+    facts: ChildFacts = ChildFacts()
+    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
+    windows: list[WindowEvent] = field(default_factory=list)
+
+
+def _child_report(run_dir: Path) -> ChildReport:
+    report = ChildReport()
     path = run_dir / EVENTS
     if not path.is_file():
-        return None, facts
-    for event in read_jsonl(path):
-        kind = event.get("kind")
-        if kind == "end":
-            end = event
-        elif kind in ("process", "torch", "env_window"):
-            facts[kind] = {k: v for k, v in event.items() if k not in ("kind", "t")}
-        elif kind == "collector":
-            facts.setdefault("collectors", {})[event["name"]] = {"ok": event["ok"], "reason": event["reason"]}
-        elif kind == "window":
-            facts.setdefault("window_events", []).append(event)
-    return end, facts
+        return report
+    for event in read_jsonl(path, EVENT_DECODER):
+        if isinstance(event, EndEvent):
+            report.end = event
+        elif isinstance(event, CollectorEvent):
+            report.collectors[event.name] = CollectorStatus(ok=event.ok, reason=event.reason)
+        elif isinstance(event, WindowEvent):
+            report.windows.append(event)
+        elif isinstance(event, (ProcessEvent, TorchEvent, EnvWindowEvent)):
+            report.facts = _with_facts(report.facts, event)
+    return report
 
 
-def describe_ending(request: ProfileRequest, returncode: int, end: dict[str, Any] | None,
+def _with_facts(facts: ChildFacts, event: ProcessEvent | TorchEvent | EnvWindowEvent) -> ChildFacts:
+    """The child's facts with one more of its fact events (the last of each kind wins)."""
+    if isinstance(event, ProcessEvent):
+        return msgspec.structs.replace(facts, process=msgspec.convert(_facts_of(event), ProcessFacts))
+    if isinstance(event, TorchEvent):
+        return msgspec.structs.replace(facts, torch=msgspec.convert(_facts_of(event), TorchFacts))
+    return msgspec.structs.replace(facts, env_window=msgspec.convert(_facts_of(event), WindowFacts))
+
+
+def _facts_of(event: ProcessEvent | TorchEvent | EnvWindowEvent) -> dict[str, object]:
+    facts = msgspec.structs.asdict(event)
+    facts.pop("t", None)
+    return facts
+
+
+def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | None,
                     supervisor: _Supervisor) -> tuple[str, int, str | None]:
     name = request.module or request.script
     status = exit_status_of(returncode)
     if supervisor.timed_out:
         return "timeout", EXIT_TIMEOUT, f"{name} was still running after --timeout {request.timeout_s:g} s, so gpudoctor stopped it."
-    if end is not None and end.get("reason") == "max_steps":
+    if end is not None and end.reason == "max_steps":
         return "max_steps", 0, f"gpudoctor stopped {name} after --max-steps {request.max_steps}, as asked."
     if returncode < 0:
         sig = signal.Signals(-returncode)
         if sig == signal.SIGINT:
             return "interrupted", status, f"{name} was interrupted (Ctrl-C)."
         return "signal", status, f"{name} was killed by {sig.name} (exit status {status})."
-    if end is not None and end.get("reason") == "exception":
-        return "exception", status, f"{name} raised {end.get('exception')}: {end.get('message', '')[:200]}"
+    if end is not None and end.reason == "exception":
+        return "exception", status, f"{name} raised {end.exception}: {(end.message or '')[:200]}"
     if status != 0:
         return "exit", status, f"{name} exited with status {status}."
     return "completed", 0, None
@@ -247,7 +269,7 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
         check_script(request.script)
     run_dir = make_run_dir(request)
     samplers = Samplers(run_dir, request.sample_interval_s)
-    manifest = _base_manifest(request, run_dir, samplers)
+    manifest = _base_manifest(request, samplers)
     write_json_atomic(run_dir / MANIFEST, manifest)
     config = ChildConfig(run_dir=str(run_dir), window=request.window, max_steps=request.max_steps,
                          with_stack=request.with_stack)
@@ -262,57 +284,54 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
         if progress is not None:
             progress.stop()
         samplers.stop()
-    end, facts = _child_end(run_dir)
-    ending, status, message = describe_ending(request, returncode, end, supervisor)
-    manifest.update(_final_fields(run_dir, manifest, facts, end, ending, status, returncode, started))
-    write_json_atomic(run_dir / MANIFEST, manifest)
+    child_report = _child_report(run_dir)
+    ending, status, message = describe_ending(request, returncode, child_report.end, supervisor)
+    exit_info = _exit_info(child_report.end, ending, status, returncode)
+    write_json_atomic(run_dir / MANIFEST, _final_manifest(run_dir, manifest, samplers, child_report, exit_info, started))
     return ProfileOutcome(run_dir, status, ending, message)
 
 
-def _final_fields(run_dir: Path, manifest: dict[str, Any], facts: dict[str, Any], end: dict[str, Any] | None,
-                  ending: str, status: int, returncode: int, started: float) -> dict[str, Any]:
-    collectors = dict(manifest["collectors"])
-    collectors.update(facts.pop("collectors", {}))
-    collectors.setdefault("profiler", _profiler_status(run_dir, end, facts))
-    collectors.setdefault("cuda_trace", _cuda_trace_status(facts))
+def _exit_info(end: EndEvent | None, ending: str, status: int, returncode: int) -> ExitInfo:
+    return ExitInfo(
+        ending=ending, status=status, returncode=returncode,
+        signal=signal.Signals(-returncode).name if returncode < 0 else None,
+        steps=end.steps if end else None,
+        exception=ExceptionInfo(exception=end.exception, message=end.message, where=end.where) if end else None,
+    )
+
+
+def _final_manifest(run_dir: Path, manifest: Manifest, samplers: Samplers, child: ChildReport, exit_info: ExitInfo,
+                    started: float) -> Manifest:
+    collectors = {**samplers.collectors, **child.collectors}
+    collectors.setdefault("profiler", _profiler_status(run_dir, child))
+    collectors.setdefault("cuda_trace", _cuda_trace_status(child))
     files = [name for name in (EVENTS,) if (run_dir / name).is_file()] + trace_names(run_dir)
     files += [f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values() if (run_dir / SAMPLES_DIR / f).is_file()]
-    return {
-        "status": "finished",
-        "duration_s": time.time() - started,
-        "exit": {
-            "ending": ending, "status": status, "returncode": returncode,
-            "signal": signal.Signals(-returncode).name if returncode < 0 else None,
-            "steps": end.get("steps") if end else None,
-            "exception": {k: end[k] for k in ("exception", "message", "where") if k in end} if end else None,
-        },
-        "child": {k: v for k, v in facts.items() if k != "window_events"},
-        "collectors": collectors,
-        "files": files,
-    }
+    return msgspec.structs.replace(manifest, status="finished", duration_s=time.time() - started, exit=exit_info,
+                                   child=child.facts, collectors=collectors, files=files)
 
 
-def _cuda_trace_status(facts: dict[str, Any]) -> dict[str, Any]:
+def _cuda_trace_status(child: ChildReport) -> CollectorStatus:
     """Whether the window recorded GPU activity, and if not, why."""
-    opened = [e for e in facts.get("window_events", []) if e.get("state") == "opened"]
-    if opened and opened[-1].get("cuda"):
-        return {"ok": True}
-    if facts.get("torch", {}).get("cuda_built") is False:
-        return {"ok": False, "reason": "this torch is built without CUDA"}
+    opened = [e for e in child.windows if e.state == "opened"]
+    if opened and opened[-1].cuda:
+        return CollectorStatus(ok=True)
+    if child.facts.torch is not None and child.facts.torch.cuda_built is False:
+        return CollectorStatus(ok=False, reason="this torch is built without CUDA")
     if not opened:
-        return {"ok": False, "reason": "no profiling window was opened"}
-    return {"ok": False, "reason": "the script had not initialized CUDA when the profiling window opened"}
+        return CollectorStatus(ok=False, reason="no profiling window was opened")
+    return CollectorStatus(ok=False, reason="the script had not initialized CUDA when the profiling window opened")
 
 
-def _profiler_status(run_dir: Path, end: dict[str, Any] | None, facts: dict[str, Any]) -> dict[str, Any]:
+def _profiler_status(run_dir: Path, child: ChildReport) -> CollectorStatus:
     if (run_dir / TRACE).is_file():
-        return {"ok": True}
-    opened = any(e.get("state") == "opened" for e in facts.get("window_events", []))
-    if opened:
-        return {"ok": False, "reason": "the script ended before the profiling window could write its trace"}
-    if end is None:
-        return {"ok": False, "reason": "the script's process ended without reporting (killed or crashed) before the window closed"}
-    steps = end.get("steps", 0)
-    if steps == 0:
-        return {"ok": False, "reason": "no training step was detected (no optimizer.step(), DataLoader batch or gpudoctor.step())"}
-    return {"ok": False, "reason": f"the script ran {steps} steps, fewer than the window's wait"}
+        return CollectorStatus(ok=True)
+    if any(e.state == "opened" for e in child.windows):
+        return CollectorStatus(ok=False, reason="the script ended before the profiling window could write its trace")
+    if child.end is None:
+        return CollectorStatus(ok=False, reason="the script's process ended without reporting (killed or crashed) "
+                                                "before the window closed")
+    if child.end.steps == 0:
+        return CollectorStatus(ok=False, reason="no training step was detected (no optimizer.step(), DataLoader "
+                                                "batch or gpudoctor.step())")
+    return CollectorStatus(ok=False, reason=f"the script ran {child.end.steps} steps, fewer than the window's wait")

@@ -18,8 +18,10 @@ PINNED_LINK_EFFICIENCY = 0.6
 
 def _pinned_copy_bps(run: Run) -> float | None:
     """The host-to-device rate a pinned copy can expect on this run's GPU link, from NVML's PCIe facts."""
-    gpu = next(iter(run.env.gpus), None) or {}
-    lane, width = PCIE_LANE_BPS.get(gpu.get("pcie_gen") or 0), gpu.get("pcie_width")
+    gpu = next(iter(run.env.gpus), None)
+    if gpu is None:
+        return None
+    lane, width = PCIE_LANE_BPS.get(gpu.pcie_gen or 0), gpu.pcie_width
     return lane * width * PINNED_LINK_EFFICIENCY if lane and width else None
 
 

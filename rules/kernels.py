@@ -60,9 +60,9 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
 
 def _memory_headroom(steps: list, run: Run) -> float | None:
     """How many times the step's peak allocation fits in the device's memory."""
-    device = run.env.cuda_device or {}
-    peaks = [s.cuda_memory.get("max_allocated") for s in steps if s.cuda_memory]
-    total = device.get("total_memory")
+    device = run.env.cuda_device
+    peaks = [s.cuda_memory.max_allocated for s in steps if s.cuda_memory]
+    total = device.total_memory if device is not None else None
     if not peaks or not total or not max(peaks):
         return None
     return total / max(peaks)

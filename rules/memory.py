@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 
-from gpudoctor import Finding, Run, rule
+from gpudoctor import Finding, NotEvaluated, Run, rule
+from gpudoctor.analysis import SeriesPoint
 
 MB = 1024 * 1024
 
@@ -24,10 +25,12 @@ def host_memory_pressure(run: Run, min_swap_mb_per_s: float = 1.0, min_available
     prefetch_factor), or give the job a machine or container with more memory.
     """
     samples = run.require_host_samples().host
-    swap = [(p.values.get("swap_in_bps") or 0.0) + (p.values.get("swap_out_bps") or 0.0) for p in samples]
-    swap_mb_s = statistics.fmean(swap) / MB if swap else 0.0
-    available = [p.values["mem_available"] for p in samples if p.values.get("mem_available") is not None]
+    swap = [_swap_bps(p) for p in samples if _swap_bps(p) is not None]
     total = run.env.memory_total
+    available = [p.values["mem_available"] for p in samples if p.values.get("mem_available") is not None]
+    if not swap and not (available and total):
+        raise NotEvaluated("the host samples have neither swap traffic nor available memory")
+    swap_mb_s = statistics.fmean(swap) / MB if swap else 0.0
     lowest = min(available) / total if available and total else None
     if swap_mb_s < min_swap_mb_per_s and (lowest is None or lowest >= min_available_share):
         return
@@ -43,3 +46,11 @@ def host_memory_pressure(run: Run, min_swap_mb_per_s: float = 1.0, min_available
         severity="critical" if swapping else "warning", evidence=evidence,
         fix="reduce host memory use (memory-map the dataset, fewer loader workers, smaller prefetch_factor) or add memory",
     )
+
+
+def _swap_bps(point: SeriesPoint) -> float | None:
+    """Bytes swapped in and out per second, or None where the sample had no swap counters."""
+    swap_in, swap_out = point.values.get("swap_in_bps"), point.values.get("swap_out_bps")
+    if swap_in is None and swap_out is None:
+        return None
+    return (swap_in or 0.0) + (swap_out or 0.0)

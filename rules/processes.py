@@ -14,6 +14,9 @@ def _gpu_idle_share(run: Run) -> float | None:
     return sum(s.gpu_idle_s or 0.0 for s in measured) / wall if wall else None
 
 
+DEFAULT_SWITCH_INTERVAL_S = 0.005  # CPython's default, for a bundle that did not record the script's own
+
+
 @rule("GD501", "gil-contention", category="gil_contention")
 def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.3,
                    min_probe_delay_share: float = 0.5) -> Iterator[Finding]:
@@ -33,13 +36,12 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     if run.env.gil_enabled is False:
         return
     processes = run.require_processes()
-    steps = run.require_steps()
+    gil = run.require_gil()
     main = next((p for p in processes if p.role == "main"), None)
-    gil = [s.gil for s in steps if s.gil is not None]
-    if main is None or not gil:
+    if main is None:
         return
     threads = run.user_threads
-    switch = float(run.manifest.get("child", {}).get("process", {}).get("switch_interval_s") or 0.005)
+    switch = run.env.switch_interval_s or DEFAULT_SWITCH_INTERVAL_S
     delay = statistics.fmean(g.mean_s for g in gil)
     python_ids = run.python_thread_ids  # intra-op and CUDA threads run without the GIL: only Python's count
     busy = main.busy_among(python_ids) if python_ids is not None else main.busy_threads

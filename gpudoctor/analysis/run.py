@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from gpudoctor import bundle as bundle_io
 from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
+from gpudoctor.analysis.sites import copy_sites, sync_sites
+from gpudoctor.analysis.steps import StepBuilder
 from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
-    CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
-    Step, SyncSite, ThreadInfo, WindowInfo,
+    CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, NotEvaluated, ProcessInfo, Samples,
+    SeriesPoint, Step, SyncSite, ThreadInfo, WindowInfo,
 )
-from gpudoctor.collect.downsample import highest, lowest
+from gpudoctor.bundle.events import (
+    AnyEvent, ForkEvent, ForwardSiteEvent, LoaderEvent, ProcessFacts, StepEvent, ThreadStartEvent, TorchFacts,
+    WindowEvent, WindowFacts,
+)
+from gpudoctor.bundle.manifest import ExceptionInfo, ExitInfo, Manifest
+from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 
+__all__ = ["NotEvaluated", "Run"]
 
-class NotEvaluated(Exception):
-    """Raised by a view (or a rule) when the data a rule needs was not collected in this run."""
+E = TypeVar("E", bound=AnyEvent)
 
 
 class Run:
@@ -36,9 +43,9 @@ class Run:
     `for_window(N)` gives the others.
     """
 
-    def __init__(self, manifest: dict[str, Any], events: Iterable[dict[str, Any]], trace_path: Path | None,
-                 host_samples: list[dict[str, Any]], proc_samples: list[dict[str, Any]],
-                 gpu_samples: list[dict[str, Any]], path: Path | None = None, window: int = 0) -> None:
+    def __init__(self, manifest: Manifest, events: Iterable[AnyEvent], trace_path: Path | None,
+                 host_samples: list[HostRow], proc_samples: list[ProcsRow], gpu_samples: list[GpuRow],
+                 path: Path | None = None, window: int = 0) -> None:
         self.manifest = manifest
         self.path = path
         self.window = window
@@ -48,27 +55,26 @@ class Run:
         self._proc_samples = proc_samples
         self._gpu_samples = gpu_samples
         # Told of each chunk of the trace read, (done, total) in bytes: `gpudoctor analyze` sets it to draw its
-        # progress line on a terminal (see TraceProgress).
+        # progress line on a terminal.
         self.trace_progress: Callable[[int, int], None] | None = None
 
     # -- construction ----------------------------------------------------------------------------
     @classmethod
     def from_bundle(cls, path: Path | str) -> Run:
         b = bundle_io.load(Path(path))
-        return cls(b.manifest, b.events(), b.trace_path, list(b.samples("host")), list(b.samples("procs")),
-                   list(b.samples("gpu")), path=b.path)
-
-    @property
-    def trace_file(self) -> Path | None:
-        """The profiler trace this run's views come from."""
-        return self._trace_path
+        return cls(b.manifest, b.events(), b.trace_path, b.host_samples(), b.proc_samples(), b.gpu_samples(),
+                   path=b.path)
 
     @classmethod
     def from_trace(cls, path: Path | str) -> Run:
         """A Chrome trace from torch.profiler made anywhere: trace-only views, the rest not evaluated."""
         path = Path(path)
-        manifest = {"schema_version": bundle_io.SCHEMA_VERSION, "trace_only": True, "target": {"script": path.name}}
-        return cls(manifest, [], path, [], [], [], path=path)
+        return cls(Manifest.for_trace(path), [], path, [], [], [], path=path)
+
+    @property
+    def trace_file(self) -> Path | None:
+        """The profiler trace this run's views come from."""
+        return self._trace_path
 
     def for_window(self, index: int) -> Run:
         """The same run seen through its profiling window number `index` (see `windows`)."""
@@ -83,13 +89,14 @@ class Run:
         run.trace_progress = self.trace_progress
         return run
 
-    # -- raw events ------------------------------------------------------------------------------
-    def events(self, kind: str) -> Iterator[dict[str, Any]]:
-        """This run's window's events of one kind, as written: its steps are those from its opening to the
-        next window's."""
-        if kind == "step":
-            return self._whole.steps_of(self.window)
-        return (e for e in self._whole.others_of(self.window) if e.get("kind") == kind)
+    # -- events ----------------------------------------------------------------------------------
+    def events(self, kind: type[E]) -> list[E]:
+        """This run's window's events of one kind (e.g. `run.events(LoaderEvent)`), as written."""
+        return self._whole.others_of(self.window, kind)
+
+    def step_events(self) -> Iterable[StepEvent]:
+        """This run's window's step events: from its opening to the next window's."""
+        return self._whole.steps_of(self.window)
 
     @property
     def windows(self) -> list[WindowInfo]:
@@ -99,11 +106,12 @@ class Run:
     @property
     def _startup_steps(self) -> int:
         """Steps skipped as start-up: the window's `wait` before the first window, none before a repeated one."""
-        return int(self.manifest.get("window", {}).get("wait", 0)) if self.window == 0 else 0
+        settings = self.manifest.window
+        return settings.wait if settings is not None and self.window == 0 else 0
 
     @property
     def trace_only(self) -> bool:
-        return bool(self.manifest.get("trace_only"))
+        return self.manifest.trace_only
 
     @cached_property
     def trace(self) -> TraceData | None:
@@ -111,15 +119,15 @@ class Run:
 
     # -- steps -----------------------------------------------------------------------------------
     @cached_property
-    def _window_first_step(self) -> int:
-        opened = [e for e in self.events("window") if e.get("state") == "opened"]
-        return int(opened[-1]["first_step"]) if opened else 0
+    def _steps(self) -> StepBuilder:
+        opened = [e for e in self.events(WindowEvent) if e.state == "opened"]
+        return StepBuilder(self.trace, self.gpu, (opened[-1].first_step or 0) if opened else 0)
 
     @cached_property
     def all_steps(self) -> list[Step]:
         if self.trace_only:
-            return self._steps_from_trace()
-        return [self._step_from_event(e) for e in self.events("step")]
+            return self._steps.from_trace()
+        return [self._steps.from_event(e) for e in self.step_events()]
 
     @cached_property
     def run_steps(self) -> list[Step]:
@@ -127,8 +135,9 @@ class Run:
         if len(self.windows) < 2:
             return self.all_steps
         steps, (first, end) = self._whole.steps, self._whole.step_positions(self.window)
-        return ([self._step_from_event(e) for e in steps.between(0, first)] + self.all_steps
-                + [self._step_from_event(e) for e in steps.between(end, len(steps))])
+        build = self._steps.from_event
+        return ([build(e) for e in steps.between(0, first)] + self.all_steps
+                + [build(e) for e in steps.between(end, len(steps))])
 
     @property
     def window_spans(self) -> dict[int, tuple[float, float]]:
@@ -142,12 +151,8 @@ class Run:
 
     @cached_property
     def steps(self) -> list[Step]:
-        steps = self.all_steps
-        active = [s for s in steps if s.window in ANALYSED_WINDOW_STATES]
-        if active:
-            return active
-        wait = self._startup_steps
-        return steps[wait:] if len(steps) > wait else steps
+        active = [s for s in self.all_steps if s.window in ANALYSED_WINDOW_STATES]
+        return active or self.steady_steps
 
     @cached_property
     def steady_steps(self) -> list[Step]:
@@ -185,49 +190,13 @@ class Run:
             raise NotEvaluated("no training step was detected in this run")
         return self.steps
 
-    def _step_from_event(self, event: dict[str, Any]) -> Step:
-        start, wall = float(event["t0"]), float(event["wall_s"])
-        trace_range = self._trace_step_range(int(event["step"]) - self._window_first_step)
-        if trace_range is not None:  # the trace's clock, so that GPU activity lines up exactly
-            start, wall = trace_range[0], trace_range[1] - trace_range[0]
-        phases = event.get("phases")
-        return Step(
-            index=int(event["step"]), start=start, wall_s=wall, data_wait_s=float(event.get("data_wait_s", 0.0)),
-            window=event.get("window", "waiting"),
-            forward_s=phases["forward"] if phases else None, backward_s=phases["backward"] if phases else None,
-            optimizer_s=phases["optimizer"] if phases else None,
-            copy_s=sum(c["host_s"] for c in event["copies"]) if "copies" in event else None,
-            sync_s=sum(s["host_s"] for s in event["syncs"]) if "syncs" in event else None,
-            gil=GilStats(**event["gil"]) if event.get("gil") else None,
-            cuda_memory=event.get("cuda_memory"), **self._gpu_fields(start, start + wall, trace_range is not None),
-        )
-
-    def _trace_step_range(self, trace_step: int) -> tuple[float, float] | None:
-        if self.trace is None or trace_step < 0:
-            return None
-        return self.trace.steps.get(trace_step)
-
-    def _gpu_fields(self, start: float, end: float, in_trace: bool) -> dict[str, Any]:
-        if self.gpu is None or not in_trace:
-            return {}
-        busy = self.gpu.busy_s(start, end)
-        return {
-            "gpu_busy_s": busy, "gpu_compute_s": self.gpu.compute_s(start, end),
-            "gpu_idle_s": max(0.0, (end - start) - busy), "kernels": len(self.gpu.kernels_in(start, end)),
-        }
-
-    def _steps_from_trace(self) -> list[Step]:
-        trace = self.trace
-        if trace is None:
-            return []
-        waits = [a for a in trace.annotations if "DataLoader" in a.name and "__next__" in a.name]
-        wait_starts = [a.start for a in waits]  # annotations are sorted by start
-        steps = []
-        for index, (start, end) in sorted(trace.steps.items()):
-            wait = sum(a.dur for a in waits[bisect_left(wait_starts, start):bisect_left(wait_starts, end)])
-            steps.append(Step(index=index, start=start, wall_s=end - start, data_wait_s=wait, window="active",
-                              **self._gpu_fields(start, end, True)))
-        return steps
+    def require_gil(self) -> list[GilStats]:
+        """The GIL probe's figures over the analysed steps (it runs while the profiling window records)."""
+        figures = [s.gil for s in self.require_steps() if s.gil is not None]
+        if not figures:
+            raise NotEvaluated("the GIL probe recorded nothing in the analysed steps (it runs inside the "
+                               "profiling window)")
+        return figures
 
     # -- GPU -------------------------------------------------------------------------------------
     @cached_property
@@ -269,76 +238,47 @@ class Run:
 
     def _why_no_gpu(self) -> str:
         if self.trace is None:
-            reason = self.manifest.get("collectors", {}).get("profiler", {}).get("reason")
+            reason = self.manifest.collector_reason("profiler")
             return f"no profiler trace in this run ({reason})" if reason else "no profiler trace in this run"
         return "no GPU activity in this run's trace (the script did not use CUDA, or CUDA was not available)"
 
     # -- input pipeline, copies, syncs -----------------------------------------------------------
     @cached_property
     def loader(self) -> LoaderView:
-        loaders = [
-            LoaderInfo(
-                location=Location.from_dict(e.get("site")), num_workers=int(e.get("num_workers", 0)),
-                pin_memory=bool(e.get("pin_memory")), batch_size=e.get("batch_size"),
-                prefetch_factor=e.get("prefetch_factor"), persistent_workers=bool(e.get("persistent_workers")),
-                dataset=str(e.get("dataset", "")), dataset_len=e.get("dataset_len"),
-                start_method=e.get("start_method"),
-            )
-            for e in self.events("loader")
-        ]
-        return LoaderView(loaders)
+        return LoaderView([_loader_info(e) for e in self.events(LoaderEvent)])
 
-    def _window_rows(self, key: str) -> list[dict[str, Any]]:
+    @cached_property
+    def _analysed_step_events(self) -> list[StepEvent]:
         analysed = {s.index for s in self.steps}
-        return [row for e in self._whole.steps_of(self.window, analysed) for row in e.get(key, [])]
+        return list(self._whole.steps_of(self.window, analysed))
 
     @cached_property
     def copies(self) -> list[CopySite]:
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        for row in self._window_rows("copies"):
-            site = row.get("site") or {}
-            groups[(row["direction"], row["pinned"], row["non_blocking"], site.get("file"), site.get("line"))].append(row)
-        return sorted(
-            (CopySite(rows[0]["direction"], rows[0]["pinned"], rows[0]["non_blocking"], sum(r["count"] for r in rows),
-                      sum(r["bytes"] for r in rows), sum(r["host_s"] for r in rows), max(r["max_s"] for r in rows),
-                      Location.from_dict(rows[0].get("site")))
-             for rows in groups.values()),
-            key=lambda c: -c.host_s,
-        )
+        return copy_sites(self._analysed_step_events)
 
     @cached_property
     def syncs(self) -> list[SyncSite]:
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        for row in self._window_rows("syncs"):
-            site = row.get("site") or {}
-            groups[(row["kind"], site.get("file"), site.get("line"))].append(row)
-        return sorted(
-            (SyncSite(rows[0]["kind"], sum(r["count"] for r in rows), sum(r["host_s"] for r in rows),
-                      max(r["max_s"] for r in rows), Location.from_dict(rows[0].get("site")))
-             for rows in groups.values()),
-            key=lambda s: -s.host_s,
-        )
+        return sync_sites(self._analysed_step_events)
 
     # -- threads, processes, forks ---------------------------------------------------------------
     @cached_property
     def threads(self) -> list[ThreadInfo]:
-        return [ThreadInfo(e.get("name", ""), e.get("target"), e.get("module"), bool(e.get("daemon")),
-                           Location.from_dict(e.get("site")), e.get("native_id"))
-                for e in self.events("thread_start")]
+        return [ThreadInfo(e.name, e.target, e.module, e.daemon, Location.from_site(e.site), e.native_id)
+                for e in self.events(ThreadStartEvent)]
 
     @property
     def python_thread_ids(self) -> set[int] | None:
         """OS ids of the script's Python threads (the main one and those it started), or None for a
         bundle that did not record them."""
-        main = self.manifest.get("child", {}).get("process", {}).get("main_native_id")
+        main = self._process_facts.main_native_id
         if main is None:
             return None
-        return {int(main)} | {t.native_id for t in self.threads if t.native_id is not None}
+        return {main} | {t.native_id for t in self.threads if t.native_id is not None}
 
     @cached_property
     def forward_location(self) -> Location | None:
         """Where the script calls its model (the first top-level module call seen in the window)."""
-        return next((Location.from_dict(e.get("site")) for e in self.events("forward_site")), None)
+        return next((Location.from_site(e.site) for e in self.events(ForwardSiteEvent)), None)
 
     @property
     def user_threads(self) -> list[ThreadInfo]:
@@ -346,14 +286,14 @@ class Run:
 
     @cached_property
     def forks(self) -> list[ForkInfo]:
-        return [ForkInfo(float(e["t"]), bool(e.get("cuda_initialized")), e.get("start_method"),
-                         bool(e.get("dataloader_worker")), Location.from_dict(e.get("site")))
-                for e in self.events("fork")]
+        return [ForkInfo(e.t or 0.0, e.cuda_initialized, e.start_method, e.dataloader_worker,
+                         Location.from_site(e.site))
+                for e in self.events(ForkEvent)]
 
     @cached_property
     def processes(self) -> list[ProcessInfo]:
         """The script's process tree over the analysed steps (over the whole run if no step was seen)."""
-        return _process_infos(_within(self._proc_samples, self.span, margin=0.5))
+        return process_infos(within(self._proc_samples, self.span, margin=0.5))
 
     def require_processes(self) -> list[ProcessInfo]:
         if not self.processes:
@@ -365,7 +305,7 @@ class Run:
     @cached_property
     def samples(self) -> Samples:
         """Host and GPU series over the whole run."""
-        return Samples(host=_host_series(self._host_samples, self._proc_samples), gpu=_gpu_series(self._gpu_samples))
+        return Samples(host=host_series(self._host_samples, self._proc_samples), gpu=gpu_series(self._gpu_samples))
 
     @cached_property
     def step_samples(self) -> Samples:
@@ -373,8 +313,9 @@ class Run:
         span = self.span
         if span is None:
             return self.samples
+
         def keep(points: list[SeriesPoint]) -> list[SeriesPoint]:
-            return [points[i] for i in _around([p.t for p in points], span[0] - 0.5, span[1] + 0.5)]
+            return [points[i] for i in around([p.t for p in points], span[0] - 0.5, span[1] + 0.5)]
 
         return Samples(host=keep(self.samples.host), gpu={d: keep(ps) for d, ps in self.samples.gpu.items()})
 
@@ -385,117 +326,35 @@ class Run:
         return self.step_samples
 
     @cached_property
+    def _process_facts(self) -> ProcessFacts:
+        return self.manifest.child.process or ProcessFacts()
+
+    @cached_property
     def env(self) -> Env:
-        child = self.manifest.get("child", {})
-        process, torch, window = child.get("process", {}), child.get("torch", {}), child.get("env_window", {})
-        host = self.manifest.get("host", {})
-        affinity = process.get("affinity") or host.get("affinity")
+        manifest, process = self.manifest, self._process_facts
+        torch = manifest.child.torch or TorchFacts()
+        window = manifest.child.env_window or WindowFacts()
+        affinity = process.affinity or manifest.host.affinity
         return Env(
-            cores=len(affinity) if affinity else host.get("cpu_count"), cpu_count=host.get("cpu_count"),
-            memory_total=host.get("memory_total"), gil_enabled=process.get("gil_enabled"),
-            start_method=process.get("start_method"), intra_op_threads=window.get("intra_op_threads"),
-            python=process.get("python") or self.manifest.get("python"), torch=torch.get("version"),
-            cuda_build=torch.get("cuda_build"), driver=self.manifest.get("driver"),
-            gpus=self.manifest.get("gpus", []), cuda_device=window.get("cuda_device"),
+            cores=len(affinity) if affinity else manifest.host.cpu_count, cpu_count=manifest.host.cpu_count,
+            memory_total=manifest.host.memory_total, gil_enabled=process.gil_enabled,
+            start_method=process.start_method, intra_op_threads=window.intra_op_threads,
+            python=process.python or manifest.python, torch=torch.version, cuda_build=torch.cuda_build,
+            driver=manifest.driver, gpus=manifest.gpus, cuda_device=window.cuda_device,
+            switch_interval_s=process.switch_interval_s,
         )
 
     @cached_property
     def exit(self) -> Exit:
-        info = self.manifest.get("exit") or {}
-        exception = info.get("exception") or {}
-        return Exit(info.get("ending", "unknown"), info.get("status"), exception.get("exception"),
-                    exception.get("message"), Location.from_dict(exception.get("where")))
+        info = self.manifest.exit or ExitInfo()
+        exception = info.exception or ExceptionInfo()
+        return Exit(info.ending, info.status, exception.exception, exception.message,
+                    Location.from_site(exception.where))
 
 
-def _within(samples: list[dict[str, Any]], span: tuple[float, float] | None, margin: float) -> list[dict[str, Any]]:
-    if span is None:
-        return samples
-    times = [s["t"] for s in samples]
-    return [samples[i] for i in _around(times, span[0] - margin, span[1] + margin)]
-
-
-def _around(times: list[float], lo: float, hi: float) -> range:
-    """Indices of the sorted `times` in [lo, hi]; with fewer than two there (the span of a short window in an
-    old stretch of a long run, whose samples were merged into rows seconds apart), the rows on either side."""
-    first, end = bisect_left(times, lo), bisect_right(times, hi)
-    if end - first >= 2:
-        return range(first, end)
-    return range(max(0, first - 1), min(len(times), end + 1))
-
-
-def _rate(prev: dict[str, Any], cur: dict[str, Any], key: str, dt: float) -> float | None:
-    if key not in prev or key not in cur or dt <= 0:
-        return None
-    return max(0.0, (cur[key] - prev[key]) / dt)
-
-
-def _tree_cpu(sample: dict[str, Any]) -> dict[int, float]:
-    return {p["pid"]: p["cpu_s"] for p in sample.get("procs", [])}
-
-
-def _host_series(host: list[dict[str, Any]], procs: list[dict[str, Any]]) -> list[SeriesPoint]:
-    tree_by_time = {round(s["t"], 6): _tree_cpu(s) for s in procs}
-    points, prev, prev_tree = [], None, None
-    for sample in host:
-        tree = tree_by_time.get(round(sample["t"], 6))
-        if prev is not None:
-            dt = sample["t"] - prev["t"]
-            busy = sum(sample.get("cpu_pct", [])) / 100.0
-            tree_cores = None
-            if tree is not None and prev_tree is not None and dt > 0:
-                # A process new since the last sample (a fresh worker) started with no CPU time of its own.
-                tree_cores = sum(max(0.0, cpu - prev_tree.get(pid, 0.0)) for pid, cpu in tree.items()) / dt
-            points.append(SeriesPoint(sample["t"], {
-                "busy_cores": busy, "tree_cores": tree_cores,
-                "other_cores": max(0.0, busy - tree_cores) if tree_cores is not None else None,
-                # Over a merged row (an old stretch of a long run), memory pressure is its worst moment.
-                "load1": sample.get("load", [None])[0], "mem_available": lowest(sample, "mem_available"),
-                "swap_in_bps": _rate(prev, sample, "swap_in", dt), "swap_out_bps": _rate(prev, sample, "swap_out", dt),
-            }))
-        prev, prev_tree = sample, tree
-    return points
-
-
-def _gpu_series(samples: list[dict[str, Any]]) -> dict[int, list[SeriesPoint]]:
-    series: dict[int, list[SeriesPoint]] = defaultdict(list)
-    for sample in samples:
-        for row in sample.get("gpus", []):
-            values = {k: v for k, v in row.items() if k not in _NOT_GPU_VALUES}
-            series[int(row["gpu"])].append(SeriesPoint(sample["t"], values))
-    return dict(series)
-
-
-_NOT_GPU_VALUES = frozenset({"gpu", "n", "lo", "hi", "counts"})  # an entry's id, and a merged row's extras
-
-
-def _process_infos(samples: list[dict[str, Any]]) -> list[ProcessInfo]:
-    if not samples:
-        return []
-    root = next((p["pid"] for s in samples for p in s.get("procs", [])), None)
-    history: dict[int, list[tuple[float, dict[str, Any]]]] = defaultdict(list)
-    for sample in samples:
-        for proc in sample.get("procs", []):
-            history[proc["pid"]].append((sample["t"], proc))
-    infos = []
-    for pid, rows in history.items():
-        rates = [(b[1]["cpu_s"] - a[1]["cpu_s"]) / (b[0] - a[0]) for a, b in zip(rows, rows[1:]) if b[0] > a[0]]
-        first, last = rows[0], rows[-1]
-        elapsed = last[0] - first[0]
-        infos.append(ProcessInfo(
-            pid=pid, ppid=last[1].get("ppid"), name=last[1].get("name", ""), role="main" if pid == root else "child",
-            # CPU seconds are running totals, so this is the mean over time, however unevenly sampled.
-            cpu_mean=(last[1]["cpu_s"] - first[1]["cpu_s"]) / elapsed if elapsed > 0 else 0.0,
-            cpu_max=max(rates, default=0.0),
-            rss_max=max(highest(r[1], "rss") or 0 for r in rows),
-            threads_max=max(highest(r[1], "threads") or 0 for r in rows),
-            thread_cores=_thread_cores(first[1], last[1], elapsed),
-            ctx_invol_per_s=_rate(first[1], last[1], "ctx_invol", elapsed),
-        ))
-    return infos
-
-
-def _thread_cores(first: dict[str, Any], last: dict[str, Any], elapsed: float) -> dict[str, float]:
-    if elapsed <= 0:
-        return {}
-    before = first.get("thread_cpu", {})
-    return {tid: max(0.0, cpu - before.get(tid, 0.0)) / elapsed for tid, cpu in last.get("thread_cpu", {}).items()}
+def _loader_info(e: LoaderEvent) -> LoaderInfo:
+    return LoaderInfo(
+        location=Location.from_site(e.site), num_workers=e.num_workers, pin_memory=e.pin_memory,
+        batch_size=e.batch_size, prefetch_factor=e.prefetch_factor, persistent_workers=e.persistent_workers,
+        dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method,
+    )

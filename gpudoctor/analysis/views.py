@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+
+from gpudoctor.bundle.events import CudaDevice, CudaMemory
+from gpudoctor.bundle.manifest import GpuInfo
+from gpudoctor.bundle.records import Site
+
+
+class NotEvaluated(Exception):
+    """Raised by a view (or a rule) when the data a rule needs was not collected in this run."""
 
 
 @dataclass(frozen=True)
@@ -15,13 +22,13 @@ class Location:
     function: str
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Location | None:
-        if not data or not data.get("file"):
+    def from_site(cls, site: Site | None) -> Location | None:
+        if site is None or not site.file:
             return None
-        return cls(str(data["file"]), int(data.get("line") or 0), str(data.get("function") or ""))
+        return cls(site.file, site.line, site.function)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, str | int]:
+        return {"file": self.file, "line": self.line, "function": self.function}
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -56,7 +63,7 @@ class Step:
     gpu_idle_s: float | None = None
     kernels: int | None = None
     gil: GilStats | None = None
-    cuda_memory: dict[str, int] | None = None
+    cuda_memory: CudaMemory | None = None
 
     @property
     def end(self) -> float:
@@ -213,8 +220,9 @@ class Env:
     torch: str | None
     cuda_build: str | None
     driver: str | None
-    gpus: list[dict[str, Any]]
-    cuda_device: dict[str, Any] | None
+    gpus: list[GpuInfo]  # as NVML describes them
+    cuda_device: CudaDevice | None  # the one the script trains on, as torch saw it
+    switch_interval_s: float | None = None  # how long a Python thread may hold the GIL before it is asked to let go
 
 
 @dataclass(frozen=True)

@@ -1,440 +1,47 @@
 """The run bundle: the one versioned object that collection writes and analysis reads.
 
-A bundle is a directory:
-
-    manifest.json       schema_version, versions, host, GPUs, argv, window, exit, collectors
-    events.jsonl        instrumentation events from inside the script's process (steps, loader, copies, ...)
-    samples/*.jsonl     host, process-tree and GPU time series sampled by the parent
-    trace.json.gz       the torch.profiler (Kineto) Chrome trace of the profiling window, when one closed
-
-Everything is JSON so a bundle made on one machine analyses on another, weeks later.
+A bundle is a directory (its layout: gpudoctor.bundle.layout). Every file holds typed records, validated
+when they are read: the manifest (`Manifest`), the script's events (gpudoctor.bundle.events), the parent's
+samples (gpudoctor.bundle.samples) and the findings (gpudoctor.bundle.findings). The profiler's Chrome
+trace is read by gpudoctor.bundle.trace_stream. Everything is JSON, so a bundle made on one machine
+analyses on another, weeks later.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-import os
-import queue
-import re
-import threading
-import zlib
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
+import msgspec
+
+from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent
+from gpudoctor.bundle.jsonio import JsonlWriter, read_jsonl, write_json_atomic
+from gpudoctor.bundle.layout import (
+    EVENTS, FINDINGS, MANIFEST, PARTIAL_TRACE, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, sample_file,
+    trace_name, trace_names,
+)
+from gpudoctor.bundle.manifest import Manifest, read_manifest
+from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS, GpuRow, HostRow, ProcsRow
+from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, TraceStream, read_trace, trace_stream
 from gpudoctor.errors import BundleError
 
-try:  # several times faster than the json module; without it the chunked reader uses json
-    import orjson
+__all__ = [
+    "EVENTS", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES", "SCHEMA_VERSION",
+    "TRACE", "Bundle", "EventFilter", "JsonlWriter", "Manifest", "TraceNotStreamable", "TraceStream", "load",
+    "read_jsonl", "read_manifest", "read_trace", "trace_name", "trace_names", "trace_stream", "write_json_atomic",
+]
 
-    _loads: Callable[[bytes], Any] = orjson.loads
-except ImportError:  # pragma: no cover - orjson is a dependency
-    _loads = json.loads
-
-SCHEMA_VERSION = 1
-
-MANIFEST = "manifest.json"
-EVENTS = "events.jsonl"
-TRACE = "trace.json.gz"
-SAMPLES_DIR = "samples"
-SAMPLE_FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"}
-FINDINGS = "findings.json"
-REPORT = "report.html"
-
-
-def trace_name(window: int) -> str:
-    """The first profiling window's trace is trace.json.gz; a repeated window's is trace.<N>.json.gz."""
-    return TRACE if window == 0 else f"trace.{window}.json.gz"
-
-
-def trace_names(run_dir: Path) -> list[str]:
-    """The window traces in a run directory, in window order (trace.partial.json.gz, being written, is not one)."""
-    windows = [0] if (run_dir / TRACE).is_file() else []
-    for path in run_dir.glob("trace.*.json.gz"):
-        number = path.name[len("trace."):-len(".json.gz")]
-        if number.isdigit():
-            windows.append(int(number))
-    return [trace_name(w) for w in sorted(windows)]
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees half a file: write beside it, then rename over it."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-class JsonlWriter:
-    """Appends one JSON object per line and flushes each, so a crash loses at most the line being written."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - closed by close()
-        # Reentrant: a signal handler that writes (SIGTERM in the script's process) can interrupt a write
-        # on the same thread, and must not wait for a lock that thread holds.
-        self._lock = threading.RLock()
-
-    def write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"), default=str) + "\n"
-        with self._lock:
-            try:
-                self._file.write(line)
-            except ValueError:  # closed, possibly by a signal handler that interrupted this very write
-                pass
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield the records of a JSONL file, read line by line; a last line cut short by a crash is skipped, any
-    other bad line is an error."""
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield _parse_line(line)
-            except ValueError as exc:
-                if not line.endswith(b"\n"):  # only the last line can lack its newline: the writer was killed
-                    return
-                raise BundleError(f"{path} is corrupt: line {number} is not JSON ({_reason(exc)}).") from None
-
-
-def _parse_line(line: bytes) -> Any:
-    try:
-        return _loads(line)
-    except ValueError:  # NaN or an integer past 64 bits, which only the json module reads
-        return json.loads(line)
-
-
-def _reason(exc: ValueError) -> str:
-    return exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-
-
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / MANIFEST
-    if not path.is_file():
-        raise BundleError(f"{run_dir} is not a gpudoctor run directory: it has no {MANIFEST}.")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{path} is corrupt: it is not valid JSON ({exc}).") from None
-    if not isinstance(manifest, dict) or "schema_version" not in manifest:
-        raise BundleError(f"{path} is not a gpudoctor manifest: it has no schema_version.")
-    version = manifest["schema_version"]
-    if version != SCHEMA_VERSION:
-        raise BundleError(
-            f"{run_dir} was written with bundle schema version {version}; this gpudoctor reads version "
-            f"{SCHEMA_VERSION}. Re-run `gpudoctor profile` or use a gpudoctor that matches."
-        )
-    return manifest
-
-
-def read_trace(path: Path) -> dict[str, Any]:
-    """Load a Chrome trace (.json or .json.gz) and check it is one; raise BundleError saying what is wrong."""
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = path.read_bytes()
-    except (EOFError, OSError, zlib.error) as exc:
-        raise BundleError(f"{path} is truncated or not gzip: {exc}.") from None
-    try:
-        trace = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{path} is not a complete JSON trace ({exc.msg} at byte {exc.pos}).") from None
-    if isinstance(trace, list):
-        trace = {"traceEvents": trace}
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise BundleError(f"{path} is JSON but not a Chrome trace: it has no traceEvents list.")
-    return trace
-
-
-# -- reading a big trace in chunks -----------------------------------------------------------------
-CHUNK_BYTES = 4 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size
-_HEADER_MAX = 64 << 20  # the top-level keys before traceEvents (deviceProperties, ...) are small
-_WS = b" \t\r\n"
-_EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
-_SEPARATOR = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events (and, rarely, inside one)
-
-
-class TraceNotStreamable(Exception):
-    """The chunked reader cannot follow this file's layout (or it is corrupt): read it whole instead."""
-
-
-class EventFilter:
-    """The events worth parsing, picked out of the raw JSON before parsing it.
-
-    An event is kept if its "cat" is one of `categories` and, for a category in `names`, its name is one of
-    those. Most events of a big trace (cpu_op, python_function, flows, most CUDA runtime calls) are then
-    never turned into Python objects: a regular expression finds the `"cat": "..."` of the wanted ones in
-    the chunk, and only those events are parsed, one by one. Each is checked (it parses, it is an object,
-    its "cat" is the one found); if one is not, the whole chunk is parsed instead, so an unusual layout
-    costs time, never events.
-    """
-
-    def __init__(self, categories: Iterable[str], names: dict[str, Iterable[str]] | None = None) -> None:
-        def alternatives(words: Iterable[str]) -> bytes:
-            return b"|".join(re.escape(json.dumps(w).encode()[1:-1]) for w in sorted(words))
-
-        self.categories = frozenset(categories)
-        self._cat = re.compile(rb'"cat"[ \t\r\n]*:[ \t\r\n]*"(' + alternatives(self.categories) + rb')"')
-        self._names = {cat.encode(): re.compile(rb'"(?:' + alternatives(allowed) + rb')"')
-                       for cat, allowed in (names or {}).items()}
-
-    def pick(self, buf: bytes, lo: int, hi: int) -> list[dict[str, Any]] | None:
-        """The wanted events among the whole events in buf[lo:hi], or None if one could not be cut out."""
-        events: list[dict[str, Any]] = []
-        last, previous = -1, lo
-        names, separator = self._names, _SEPARATOR
-        matches = list(self._cat.finditer(buf, lo, hi))
-        for i, match in enumerate(matches):
-            cat = match.group(1)
-            allowed = names.get(cat)
-            if allowed is not None:
-                # The whole event lies between the previous match and the next one: a name found there but
-                # outside the event only costs a parse (its own name is checked once parsed).
-                following = matches[i + 1].start() if i + 1 < len(matches) else hi
-                if allowed.search(buf, previous, following) is None:
-                    previous = match.end()
-                    continue
-            previous = match.end()
-            after = separator.search(buf, match.end(), hi)
-            end = after.start() + 1 if after is not None else hi
-            cut = _last_event_end(buf, lo, match.start())
-            start = buf.find(b"{", lo if cut is None else cut, match.start())
-            if start < 0:
-                return None
-            if start == last:
-                continue  # a second "cat" in one event
-            last = start
-            try:
-                event = _loads(buf[start:end])
-            except ValueError:
-                return None
-            if type(event) is not dict or event.get("cat") != cat.decode():
-                return None
-            events.append(event)
-        return events
-
-
-@dataclass
-class TraceStream:
-    """A Chrome trace read chunk by chunk: `batches()` yields lists of events, each from about
-    CHUNK_BYTES of JSON; `meta` holds the other top-level keys (those before traceEvents as soon as the
-    first batch comes, those after it once the last one has).
-
-    `progress(done, total)` is called after each chunk read, in bytes of the file (compressed for .gz).
-    The chunked reader relies only on JSON: each cut between two events is checked by parsing the events
-    before it (or, with an EventFilter, each event picked), so a cut inside a string or a nested object
-    fails and an earlier one is tried. A file it cannot follow, or a corrupt one, raises
-    `TraceNotStreamable` from `batches()`; the caller then falls back to `read_trace`, which reads the
-    file whole and says what is wrong with it.
-    """
-
-    path: Path
-    progress: Callable[[int, int], None] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-    _top: str = field(default="object", init=False, repr=False)  # an object, or a bare list of events
-
-    def batches(self, select: EventFilter | None = None) -> Iterator[list[Any]]:
-        """Lists of events; with `select`, only (at least) the events it keeps, except in the last batch."""
-        chunks = self._chunks()
-        try:
-            yield from self._split(chunks, select)
-        finally:
-            chunks.close()
-
-    # -- bytes in --------------------------------------------------------------------------------
-    def _chunks(self) -> Iterator[bytes]:
-        """The decompressed file, in pieces of CHUNK_BYTES; a .gz one is inflated in a second thread
-        (zlib lets go of the GIL), so that it overlaps parsing."""
-        path, total = self.path, self.path.stat().st_size
-        try:
-            raw = open(path, "rb")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise BundleError(f"{path} is truncated or not gzip: {exc}.") from None
-        with raw:
-            if path.suffix != ".gz":
-                while block := raw.read(CHUNK_BYTES):
-                    self._report(raw.tell(), total)
-                    yield block
-                return
-            yield from _inflate_in_thread(raw, total, self._report, path)
-
-    def _report(self, done: int, total: int) -> None:
-        if self.progress is not None:
-            self.progress(done, total)
-
-    # -- events out ------------------------------------------------------------------------------
-    def _split(self, chunks: Iterator[bytes], select: EventFilter | None) -> Iterator[list[Any]]:
-        buf, pos = self._read_header(chunks)
-        while True:
-            cut = _last_event_end(buf, pos, len(buf)) if len(buf) - pos >= CHUNK_BYTES else None
-            if cut is None:  # too little to parse yet, or one event longer than all that was read
-                block = next(chunks, None)
-                if block is None:
-                    yield self._read_last(buf[pos:])
-                    return
-                buf = buf[pos:] + block
-                pos = 0
-                continue
-            events = select.pick(buf, pos, cut) if select is not None else None
-            if events is None:
-                events, pos = _parse_before(buf, pos, cut)
-            else:
-                pos = buf.index(b"{", cut)
-            yield events
-
-    def _read_header(self, chunks: Iterator[bytes]) -> tuple[bytes, int]:
-        """Read up to the '[' that opens traceEvents (or the whole trace, for a bare list of events)."""
-        buf = b""
-        for block in chunks:
-            buf = (buf + block).removeprefix(b"\xef\xbb\xbf")
-            start = len(buf) - len(buf.lstrip(_WS))
-            if buf[start:start + 1] == b"[":
-                self._top = "list"
-                return buf, start + 1
-            key = _EVENTS_KEY.search(buf)
-            if key is not None and key.end() < len(buf):
-                if buf[key.end()] != 0x5B:  # '['
-                    raise TraceNotStreamable("traceEvents is not a list")
-                head = buf[:key.start()].rstrip(_WS)
-                try:
-                    meta = _loads(head[:-1] + b"}") if head.endswith(b",") else {}
-                except ValueError:
-                    raise TraceNotStreamable("unexpected header") from None
-                if not isinstance(meta, dict) or (not head.endswith(b",") and head.lstrip(_WS) != b"{"):
-                    raise TraceNotStreamable("unexpected header")
-                self.meta.update(meta)
-                self._top = "object"
-                return buf, key.end() + 1
-            if len(buf) > _HEADER_MAX:
-                break
-        raise TraceNotStreamable("no traceEvents list near the start")
-
-    def _read_last(self, rest: bytes) -> list[Any]:
-        """The events left, up to the ']' that closes traceEvents, and the top-level keys after it."""
-        end = len(rest)
-        for _ in range(64):
-            close = rest.rfind(b"]", 0, end)
-            if close < 0:
-                break
-            end = close
-            tail = rest[close + 1:].strip(_WS)
-            if self._top == "list":
-                if tail:
-                    continue
-                meta: Any = {}
-            else:
-                if not tail.endswith(b"}"):
-                    continue
-                inner = tail[:-1].strip(_WS)
-                if inner and not inner.startswith(b","):
-                    continue
-                try:
-                    meta = _loads(b"{" + inner[1:] + b"}") if inner else {}
-                except ValueError:
-                    continue
-            try:
-                events = _loads(b"[" + rest[:close] + b"]")
-            except ValueError:
-                break
-            self.meta.update(meta)
-            return events
-        raise TraceNotStreamable("the end of traceEvents is not where it should be")
-
-
-def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None], path: Path) -> Iterator[bytes]:
-    out: queue.Queue[Any] = queue.Queue(maxsize=2)
-    stop = threading.Event()
-
-    def put(item: Any) -> None:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def inflate() -> None:
-        try:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                while not stop.is_set():
-                    block = f.read(CHUNK_BYTES)
-                    put((block, raw.tell()))
-                    if not block:
-                        return
-        except (EOFError, OSError, zlib.error) as exc:
-            put(BundleError(f"{path} is truncated or not gzip: {exc}."))
-        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
-            put(exc)
-
-    thread = threading.Thread(target=inflate, name="gpudoctor-inflate", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = out.get()
-            if isinstance(item, BaseException):
-                raise item
-            block, done = item
-            if not block:
-                report(total, total)
-                return
-            report(min(done, total), total)
-            yield block
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _last_event_end(buf: bytes, lo: int, hi: int) -> int | None:
-    """Where the last '}' in buf[lo:hi] that is followed by ',' and '{' (blanks between) ends, if any."""
-    brace = buf.rfind(b"{", lo, hi)
-    while brace > lo:
-        k = brace - 1
-        while k > lo and buf[k] in _WS:
-            k -= 1
-        if buf[k] == 0x2C:  # ','
-            k -= 1
-            while k > lo and buf[k] in _WS:
-                k -= 1
-            if buf[k] == 0x7D:  # '}'
-                return k + 1
-        brace = buf.rfind(b"{", lo, brace)
-    return None
-
-
-def _parse_before(buf: bytes, pos: int, cut: int) -> tuple[list[Any], int]:
-    """Parse the events in buf[pos:cut]; if the cut is not between two events, try a few earlier ones."""
-    for _ in range(8):
-        try:
-            events = _loads(b"[" + buf[pos:cut] + b"]")
-        except ValueError:
-            earlier = _last_event_end(buf, pos, cut - 1)
-            if earlier is None:
-                break
-            cut = earlier
-            continue
-        return events, buf.index(b"{", cut)
-    raise TraceNotStreamable("no place to cut between two events")
-
-
-def trace_stream(path: Path, progress: Callable[[int, int], None] | None = None) -> TraceStream:
-    return TraceStream(Path(path), progress)
+_Row = TypeVar("_Row")
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """A validated run bundle on disk. Parsing into views is gpudoctor.analysis's job."""
+    """A run bundle on disk, its manifest checked. Parsing into views is gpudoctor.analysis's job."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def trace_path(self) -> Path | None:
@@ -444,13 +51,22 @@ class Bundle:
         path = self.path / trace_name(window)
         return path if path.is_file() else None
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self) -> Iterator[AnyEvent]:
         path = self.path / EVENTS
-        return read_jsonl(path) if path.is_file() else iter(())
+        return read_jsonl(path, EVENT_DECODER) if path.is_file() else iter(())
 
-    def samples(self, kind: str) -> Iterator[dict[str, Any]]:
-        path = self.path / SAMPLES_DIR / SAMPLE_FILES[kind]
-        return read_jsonl(path) if path.is_file() else iter(())
+    def host_samples(self) -> list[HostRow]:
+        return self._rows("host", HOST_ROWS)
+
+    def proc_samples(self) -> list[ProcsRow]:
+        return self._rows("procs", PROCS_ROWS)
+
+    def gpu_samples(self) -> list[GpuRow]:
+        return self._rows("gpu", GPU_ROWS)
+
+    def _rows(self, kind: str, decoder: msgspec.json.Decoder[_Row]) -> list[_Row]:
+        path = sample_file(self.path, kind)
+        return list(read_jsonl(path, decoder)) if path.is_file() else []
 
 
 def load(run_dir: Path) -> Bundle:
@@ -459,7 +75,7 @@ def load(run_dir: Path) -> Bundle:
     if not run_dir.is_dir():
         raise BundleError(f"{run_dir} is not a directory.")
     manifest = read_manifest(run_dir)
-    for name in manifest.get("files", []):
+    for name in manifest.files:
         if not (run_dir / name).exists():
             raise BundleError(f"{run_dir} is incomplete: {name} is listed in the manifest but missing.")
     return Bundle(run_dir, manifest)

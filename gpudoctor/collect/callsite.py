@@ -6,9 +6,9 @@ import os
 import sys
 import sysconfig
 from types import FrameType
-from typing import Any
 
 import gpudoctor
+from gpudoctor.bundle.records import Site
 
 
 def _dir_of(module_name: str) -> str | None:
@@ -60,12 +60,12 @@ def user_frame(skip: int = 1) -> FrameType | None:
     return fallback
 
 
-def location(frame: FrameType | None) -> dict[str, Any] | None:
+def location(frame: FrameType | None) -> Site | None:
     if frame is None:
         return None
-    return {"file": frame.f_code.co_filename, "line": frame.f_lineno, "function": frame.f_code.co_name}
+    return Site(file=frame.f_code.co_filename, line=frame.f_lineno, function=frame.f_code.co_name)
 
 
-def user_location(skip: int = 1) -> dict[str, Any] | None:
-    """{"file", "line", "function"} of the user's frame calling into the instrumented code, or None."""
+def user_location(skip: int = 1) -> Site | None:
+    """The user's line calling into the instrumented code, or None."""
     return location(user_frame(skip + 1))

@@ -16,6 +16,9 @@ import threading
 import time
 from typing import Any
 
+from gpudoctor.bundle.events import (
+    CudaDevice, EnvWindowEvent, ForkEvent, ForwardSiteEvent, LoaderEvent, ThreadStartEvent, TorchEvent,
+)
 from gpudoctor.collect.callsite import user_location
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.patches import Patches
@@ -49,10 +52,8 @@ class Instrumentation:
 
         self._patch_dataloader()
         self._hook_optimizers()
-        self.recorder.emit({
-            "kind": "torch", "version": torch.__version__, "cuda_build": torch.version.cuda,
-            "cuda_built": torch.backends.cuda.is_built(),
-        })
+        self.recorder.emit(TorchEvent(version=torch.__version__, cuda_build=torch.version.cuda,
+                                      cuda_built=torch.backends.cuda.is_built()))
 
     def uninstall(self) -> None:
         self._on_window_change(False)
@@ -70,12 +71,11 @@ class Instrumentation:
                 target = getattr(thread, "_target", None)
                 site = user_location()
                 original(thread)  # returns once the thread runs, so its native id is known
-                recorder.emit({
-                    "kind": "thread_start", "name": thread.name, "daemon": thread.daemon,
-                    "native_id": getattr(thread, "native_id", None),
-                    "target": getattr(target, "__qualname__", type(target).__name__ if target else None),
-                    "module": getattr(target, "__module__", None), "site": site,
-                })
+                recorder.emit(ThreadStartEvent(
+                    name=thread.name, daemon=thread.daemon, native_id=getattr(thread, "native_id", None),
+                    target=getattr(target, "__qualname__", type(target).__name__ if target else None),
+                    module=getattr(target, "__module__", None), site=site,
+                ))
 
             return start
 
@@ -84,11 +84,11 @@ class Instrumentation:
     def _before_fork(self) -> None:
         torch = sys.modules.get("torch")
         cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
-        self.recorder.emit({
-            "kind": "fork", "parent_pid": os.getpid(), "cuda_initialized": cuda_initialized,
-            "start_method": multiprocessing.get_start_method(allow_none=True), "site": user_location(),
-            "dataloader_worker": _in_dataloader_stack(),
-        })
+        self.recorder.emit(ForkEvent(
+            parent_pid=os.getpid(), cuda_initialized=cuda_initialized,
+            start_method=multiprocessing.get_start_method(allow_none=True), site=user_location(),
+            dataloader_worker=_in_dataloader_stack(),
+        ))
 
     def _after_fork_in_child(self) -> None:
         self.recorder.disable_in_forked_child()
@@ -153,7 +153,7 @@ class Instrumentation:
         if recording and not self._window_hooks:
             self._install_window_hooks()
             self._probe.start()
-            self.recorder.emit({"kind": "env_window", **_torch_runtime_facts()})
+            self.recorder.emit(_torch_runtime_facts())
         elif not recording and self._window_hooks:
             self._probe.stop()
             for handle in self._window_hooks:
@@ -181,10 +181,10 @@ class Instrumentation:
             if depth == 0:
                 local.forward = (markers.begin("forward"), perf_counter())
                 site = user_location()
-                key = (site["file"], site["line"]) if site else ("", 0)
+                key = (site.file, site.line) if site else ("", 0)
                 if key not in sites_seen:  # where the model is called: once per line
                     sites_seen.add(key)
-                    recorder.emit({"kind": "forward_site", "module": type(mod).__qualname__, "site": site})
+                    recorder.emit(ForwardSiteEvent(module=type(mod).__qualname__, site=site))
             local.depth = depth + 1
 
         def post(mod: Any, args: Any, output: Any) -> None:
@@ -345,17 +345,16 @@ def _in_dataloader_stack() -> bool:
     return False
 
 
-def _loader_event(loader: Any) -> dict[str, Any]:
+def _loader_event(loader: Any) -> LoaderEvent:
     context = loader.multiprocessing_context
-    return {
-        "kind": "loader", "loader_id": id(loader), "site": getattr(loader, "_gpudoctor_site", None),
-        "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "batch_size": loader.batch_size,
-        "prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers,
-        "drop_last": loader.drop_last, "dataset": type(loader.dataset).__qualname__,
-        "dataset_len": _safe_len(loader.dataset),
-        "start_method": context.get_start_method() if context is not None else
+    return LoaderEvent(
+        loader_id=id(loader), site=getattr(loader, "_gpudoctor_site", None), num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory, batch_size=loader.batch_size, prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers, drop_last=loader.drop_last,
+        dataset=type(loader.dataset).__qualname__, dataset_len=_safe_len(loader.dataset),
+        start_method=context.get_start_method() if context is not None else
         multiprocessing.get_start_method(allow_none=True),
-    }
+    )
 
 
 def _safe_len(obj: Any) -> int | None:
@@ -365,19 +364,15 @@ def _safe_len(obj: Any) -> int | None:
         return None
 
 
-def _torch_runtime_facts() -> dict[str, Any]:
+def _torch_runtime_facts() -> EnvWindowEvent:
     import torch
 
-    facts: dict[str, Any] = {
-        "intra_op_threads": torch.get_num_threads(), "inter_op_threads": torch.get_num_interop_threads(),
-        "cuda_initialized": torch.cuda.is_initialized(),
-    }
+    device = None
     if torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(device)
-        free, total = torch.cuda.mem_get_info(device)
-        facts["cuda_device"] = {
-            "index": device, "name": props.name, "total_memory": total, "free_memory": free,
-            "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
-        }
-    return facts
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        free, total = torch.cuda.mem_get_info(index)
+        device = CudaDevice(index=index, name=props.name, total_memory=total, free_memory=free,
+                            capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count)
+    return EnvWindowEvent(intra_op_threads=torch.get_num_threads(), inter_op_threads=torch.get_num_interop_threads(),
+                          cuda_initialized=torch.cuda.is_initialized(), cuda_device=device)

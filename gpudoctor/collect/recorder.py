@@ -12,15 +12,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from gpudoctor.bundle import EVENTS, JsonlWriter
+from gpudoctor.bundle.events import (
+    AnyEvent, CollectorEvent, CopyRow, CudaMemory, EndEvent, GilSummary, MaxStepsEvent, Phases, StepEvent,
+    StepSourceEvent, SyncRow,
+)
+from gpudoctor.bundle.records import Site
 from gpudoctor.collect import window as window_states
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.markers import Markers
 from gpudoctor.collect.window import ProfilerWindow
 
 SOURCE_RANK = {"dataloader": 1, "optimizer": 2, "explicit": 3}
+
+
+ExceptionDetails = tuple[str, str, "Site | None"]  # what the script raised: its type, message and where
+CopyKey = tuple[str, "bool | None", bool, str, int, str]  # direction, pinned, non_blocking, file, line, function
+SyncKey = tuple[str, str, int, str]  # kind, file, line, function
 
 
 class MaxStepsReached(SystemExit):
@@ -30,8 +41,8 @@ class MaxStepsReached(SystemExit):
         super().__init__(0)
 
 
-def _site_key(site: dict[str, Any] | None) -> tuple[str, int, str]:
-    return (site["file"], site["line"], site["function"]) if site else ("", 0, "")
+def _site_key(site: Site | None) -> tuple[str, int, str]:
+    return (site.file, site.line, site.function) if site else ("", 0, "")
 
 
 @dataclass
@@ -46,53 +57,47 @@ class StepRecord:
     data_wait_s: float = 0.0
     batches: int = 0
     phases: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
-    copies: dict[tuple, list[float]] = field(default_factory=dict)
-    syncs: dict[tuple, list[float]] = field(default_factory=dict)
+    copies: dict[CopyKey, list[float]] = field(default_factory=dict)
+    syncs: dict[SyncKey, list[float]] = field(default_factory=dict)
     gil_delays: list[float] = field(default_factory=list)
 
-    def to_event(self, t1: float, p1: float, source: str, cuda_memory: dict[str, int] | None) -> dict[str, Any]:
-        event: dict[str, Any] = {
-            "kind": "step", "step": self.index, "t0": self.t0, "t1": t1, "wall_s": p1 - self.p0,
-            "data_wait_s": self.data_wait_s, "batches": self.batches, "source": source, "window": self.window,
-        }
-        if self.window in (window_states.WARMUP, window_states.ACTIVE):
-            event["window_index"] = self.window_index
-            event["phases"] = self.phases
-            event["copies"] = [_copy_row(k, v) for k, v in self.copies.items()]
-            event["syncs"] = [_sync_row(k, v) for k, v in self.syncs.items()]
-            event["gil"] = _gil_summary(self.gil_delays)
-            if cuda_memory:
-                event["cuda_memory"] = cuda_memory
-        return event
+    def to_event(self, t1: float, p1: float, source: str, cuda_memory: CudaMemory | None) -> StepEvent:
+        in_window = self.window in (window_states.WARMUP, window_states.ACTIVE)
+        return StepEvent(
+            step=self.index, t0=self.t0, t1=t1, wall_s=max(0.0, p1 - self.p0), data_wait_s=self.data_wait_s,
+            batches=self.batches, source=source, window=self.window,
+            window_index=self.window_index if in_window else 0,
+            phases=Phases(**self.phases) if in_window else None,
+            copies=[_copy_row(k, v) for k, v in self.copies.items()] if in_window else None,
+            syncs=[_sync_row(k, v) for k, v in self.syncs.items()] if in_window else None,
+            gil=_gil_summary(self.gil_delays) if in_window else None,
+            cuda_memory=cuda_memory if in_window else None,
+        )
 
 
-def _copy_row(key: tuple, totals: list[float]) -> dict[str, Any]:
+def _copy_row(key: CopyKey, totals: list[float]) -> CopyRow:
     direction, pinned, non_blocking, file, line, function = key
     count, nbytes, seconds, longest = totals
-    return {
-        "direction": direction, "pinned": pinned, "non_blocking": non_blocking, "count": int(count),
-        "bytes": int(nbytes), "host_s": seconds, "max_s": longest,
-        "site": {"file": file, "line": line, "function": function} if file else None,
-    }
+    return CopyRow(direction="h2d" if direction == "h2d" else "d2h", pinned=pinned, non_blocking=non_blocking,
+                   count=int(count), bytes=int(nbytes), host_s=seconds, max_s=longest, site=_site(file, line, function))
 
 
-def _sync_row(key: tuple, totals: list[float]) -> dict[str, Any]:
+def _sync_row(key: SyncKey, totals: list[float]) -> SyncRow:
     kind, file, line, function = key
     count, seconds, longest = totals
-    return {
-        "kind": kind, "count": int(count), "host_s": seconds, "max_s": longest,
-        "site": {"file": file, "line": line, "function": function} if file else None,
-    }
+    return SyncRow(kind=kind, count=int(count), host_s=seconds, max_s=longest, site=_site(file, line, function))
 
 
-def _gil_summary(delays: list[float]) -> dict[str, float] | None:
+def _site(file: str, line: int, function: str) -> Site | None:
+    return Site(file=file, line=line, function=function) if file else None
+
+
+def _gil_summary(delays: list[float]) -> GilSummary | None:
     if not delays:
         return None
     ordered = sorted(delays)
-    return {
-        "samples": len(ordered), "mean_s": sum(ordered) / len(ordered),
-        "p95_s": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], "max_s": ordered[-1],
-    }
+    return GilSummary(samples=len(ordered), mean_s=sum(ordered) / len(ordered),
+                      p95_s=ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], max_s=ordered[-1])
 
 
 class Recorder:
@@ -112,13 +117,12 @@ class Recorder:
         self.current = self._new_step()
         self._stopping = False
         nvtx_ok = self.markers.nvtx_status == "ok"
-        self.emit({"kind": "collector", "name": "nvtx", "ok": nvtx_ok, "reason": None if nvtx_ok else self.markers.nvtx_status})
+        self.emit(CollectorEvent(name="nvtx", ok=nvtx_ok, reason=None if nvtx_ok else self.markers.nvtx_status))
 
     # -- events ----------------------------------------------------------------------------------
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: AnyEvent) -> None:
         if not self._disabled:
-            event.setdefault("t", time.time())
-            self.events.write(event)
+            self.events.write(event if event.t is not None else msgspec.structs.replace(event, t=time.time()))
 
     def disable_in_forked_child(self) -> None:
         """A forked child inherits the recorder; it must not write into the parent's bundle."""
@@ -133,7 +137,7 @@ class Recorder:
         """Whether a boundary signalled by `source` ends a step: the strongest source seen wins."""
         if self.source is None or SOURCE_RANK[source] > SOURCE_RANK[self.source]:
             self.source = source
-            self.emit({"kind": "step_source", "source": source, "at_step": self.completed})
+            self.emit(StepSourceEvent(source=source, at_step=self.completed))
         return source == self.source
 
     def on_batch_requested(self) -> None:
@@ -165,7 +169,7 @@ class Recorder:
             self.current.phases[phase] += seconds
 
     def add_copy(self, direction: str, pinned: bool | None, non_blocking: bool, nbytes: int, seconds: float,
-                 site: dict[str, Any] | None) -> None:
+                 site: Site | None) -> None:
         key = (direction, pinned, non_blocking, *_site_key(site))
         with self._lock:
             totals = self.current.copies.setdefault(key, [0, 0, 0.0, 0.0])
@@ -174,7 +178,7 @@ class Recorder:
             totals[2] += seconds
             totals[3] = max(totals[3], seconds)
 
-    def add_sync(self, kind: str, seconds: float, site: dict[str, Any] | None) -> None:
+    def add_sync(self, kind: str, seconds: float, site: Site | None) -> None:
         key = (kind, *_site_key(site))
         with self._lock:
             totals = self.current.syncs.setdefault(key, [0, 0.0, 0.0])
@@ -209,7 +213,7 @@ class Recorder:
             self._notify_window()
         if self.config.max_steps is not None and self.completed >= self.config.max_steps:
             self._stopping = True
-            self.emit({"kind": "max_steps", "steps": self.completed})
+            self.emit(MaxStepsEvent(steps=self.completed))
             self.close_window()
             raise MaxStepsReached()
 
@@ -225,25 +229,25 @@ class Recorder:
         for listener in self._window_listeners:
             listener(recording)
 
-    def finish(self, reason: str, **details: Any) -> None:
+    def finish(self, reason: str, code: int | None = None, exception: ExceptionDetails | None = None) -> None:
         """The script is ending: close the window (writing its trace) and say how the run ended."""
         if self._disabled:
             return
         self.close_window()
-        self.emit({"kind": "end", "reason": reason, "steps": self.completed, "pid": os.getpid(), **details})
+        what, message, where = exception if exception is not None else (None, None, None)
+        self.emit(EndEvent(reason=reason, steps=self.completed, pid=os.getpid(), code=code, exception=what,
+                           message=message, where=where))
         self.events.close()
 
 
-def _cuda_memory() -> dict[str, int] | None:
+def _cuda_memory() -> CudaMemory | None:
     import sys
 
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
-    return {
-        "allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
-        "max_allocated": torch.cuda.max_memory_allocated(),
-    }
+    return CudaMemory(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
+                      max_allocated=torch.cuda.max_memory_allocated())
 
 
 _active: Recorder | None = None

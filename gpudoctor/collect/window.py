@@ -8,7 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.bundle import trace_name
+from gpudoctor.bundle import PARTIAL_TRACE, trace_name
+from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
 from gpudoctor.collect.config import WindowConfig
 
 WAITING, WARMUP, ACTIVE, CLOSED, FAILED = "waiting", "warmup", "active", "closed", "failed"
@@ -29,7 +30,7 @@ class ProfilerWindow:
     many seconds after the previous window opened; window N writes `trace_name(N)`.
     """
 
-    def __init__(self, config: WindowConfig, run_dir: Path, emit: Callable[[dict[str, Any]], None],
+    def __init__(self, config: WindowConfig, run_dir: Path, emit: Callable[[AnyEvent], None],
                  with_stack: bool = False) -> None:
         self.config = config
         self._with_stack = with_stack
@@ -75,7 +76,7 @@ class ProfilerWindow:
     def close(self) -> None:
         """Stop early (script ended, --max-steps, Ctrl-C): an active window still writes what it recorded."""
         if self.state in (WAITING, WARMUP, ACTIVE):
-            self._emit({"kind": "window", "state": "ended_early", "from_state": self.state, "index": max(0, self.index)})
+            self._emit(WindowEvent(state="ended_early", from_state=self.state, index=max(0, self.index)))
         if self._profiler is not None:
             try:
                 self._profiler.stop()
@@ -111,13 +112,13 @@ class ProfilerWindow:
         self._first_step = completed
         self._opened_at = time.monotonic()
         self.state = WARMUP if self.config.warmup else ACTIVE
-        self._emit({"kind": "window", "state": "opened", "index": self.index, "first_step": completed,
-                    "cuda": self.cuda, "trace": trace_name(self.index)})
+        self._emit(WindowEvent(state="opened", index=self.index, first_step=completed, cuda=self.cuda,
+                               trace=trace_name(self.index)))
 
     def _export(self, profiler: Any) -> None:
         started = time.perf_counter()
         final = self._run_dir / trace_name(self.index)
-        partial = self._run_dir / "trace.partial.json.gz"  # torch gzips when the name ends in .gz
+        partial = self._run_dir / PARTIAL_TRACE  # torch gzips when the name ends in .gz
         try:
             profiler.export_chrome_trace(str(partial))
             os.replace(partial, final)
@@ -125,11 +126,9 @@ class ProfilerWindow:
             self._fail(f"the profiler trace could not be written: {exc.__class__.__name__}: {exc}")
             return
         self.state = CLOSED
-        self._emit({
-            "kind": "window", "state": "closed", "index": self.index, "first_step": self._first_step,
-            "export_s": time.perf_counter() - started, "trace_bytes": final.stat().st_size,
-            "trace": final.name,
-        })
+        self._emit(WindowEvent(state="closed", index=self.index, first_step=self._first_step,
+                               export_s=time.perf_counter() - started, trace_bytes=final.stat().st_size,
+                               trace=final.name))
 
     def _release(self) -> None:
         try:
@@ -140,4 +139,4 @@ class ProfilerWindow:
 
     def _fail(self, reason: str) -> None:
         self.state = FAILED
-        self._emit({"kind": "collector", "name": "profiler", "ok": False, "reason": reason})
+        self._emit(CollectorEvent(name="profiler", ok=False, reason=reason))

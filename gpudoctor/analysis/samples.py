@@ -1,0 +1,122 @@
+"""The parent's samples as views: host and GPU time series, and the script's processes over a span.
+
+Counters (CPU seconds, swap bytes, context switches) are running totals in the rows; here they become
+rates. A row compacted for a long run stands for several samples: its extremes are read where the worst
+moment matters (memory), its running totals keep rates exact.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TypeVar
+
+from gpudoctor.analysis.views import ProcessInfo, SeriesPoint
+from gpudoctor.bundle.samples import GPU_GAUGES, GpuRow, HostRow, ProcEntry, ProcsRow
+
+Row = TypeVar("Row", HostRow, ProcsRow, GpuRow)
+
+
+def within(rows: list[Row], span: tuple[float, float] | None, margin: float) -> list[Row]:
+    """The rows within `margin` seconds of `span` (all of them without a span)."""
+    if span is None:
+        return rows
+    return [rows[i] for i in around([r.t for r in rows], span[0] - margin, span[1] + margin)]
+
+
+def around(times: Sequence[float], lo: float, hi: float) -> range:
+    """Indices of the sorted `times` in [lo, hi]; with fewer than two there (the span of a short window in an
+    old stretch of a long run, whose samples were merged into rows seconds apart), the rows on either side."""
+    first, end = bisect_left(times, lo), bisect_right(times, hi)
+    if end - first >= 2:
+        return range(first, end)
+    return range(max(0, first - 1), min(len(times), end + 1))
+
+
+def _rate(before: float | None, now: float | None, dt: float) -> float | None:
+    if before is None or now is None or dt <= 0:
+        return None
+    return max(0.0, (now - before) / dt)
+
+
+def _tree_cpu(row: ProcsRow) -> dict[int, float]:
+    return {p.pid: p.cpu_s for p in row.procs}
+
+
+def host_series(host: list[HostRow], procs: list[ProcsRow]) -> list[SeriesPoint]:
+    """busy_cores, tree_cores (the script's processes), other_cores, load1, mem_available and swap rates."""
+    tree_by_time = {round(row.t, 6): _tree_cpu(row) for row in procs}
+    points: list[SeriesPoint] = []
+    previous: HostRow | None = None
+    previous_tree: dict[int, float] | None = None
+    for row in host:
+        tree = tree_by_time.get(round(row.t, 6))
+        if previous is not None:
+            points.append(SeriesPoint(row.t, _host_values(previous, row, previous_tree, tree)))
+        previous, previous_tree = row, tree
+    return points
+
+
+def _host_values(before: HostRow, row: HostRow, tree_before: dict[int, float] | None,
+                 tree: dict[int, float] | None) -> dict[str, float | None]:
+    dt = row.t - before.t
+    busy = sum(row.cpu_pct) / 100.0
+    tree_cores = None
+    if tree is not None and tree_before is not None and dt > 0:
+        # A process new since the last sample (a fresh worker) started with no CPU time of its own.
+        tree_cores = sum(max(0.0, cpu - tree_before.get(pid, 0.0)) for pid, cpu in tree.items()) / dt
+    return {
+        "busy_cores": busy, "tree_cores": tree_cores,
+        "other_cores": max(0.0, busy - tree_cores) if tree_cores is not None else None,
+        "load1": row.load[0] if row.load else None,
+        # Over a merged row (an old stretch of a long run), memory pressure is its worst moment.
+        "mem_available": row.lowest("mem_available"),
+        "swap_in_bps": _rate(before.swap_in, row.swap_in, dt), "swap_out_bps": _rate(before.swap_out, row.swap_out, dt),
+    }
+
+
+def gpu_series(rows: list[GpuRow]) -> dict[int, list[SeriesPoint]]:
+    """Each GPU's NVML gauges over time; a gauge the driver did not give is left out of a point."""
+    series: dict[int, list[SeriesPoint]] = defaultdict(list)
+    for row in rows:
+        for entry in row.gpus:
+            values: dict[str, float | None] = {key: getattr(entry, key) for key in GPU_GAUGES
+                                               if getattr(entry, key) is not None}
+            series[entry.gpu].append(SeriesPoint(row.t, values))
+    return dict(series)
+
+
+def process_infos(rows: list[ProcsRow]) -> list[ProcessInfo]:
+    """Each process of the script's tree over the rows: mean and peak CPU, peak memory and threads."""
+    if not rows:
+        return []
+    root = next((p.pid for row in rows for p in row.procs), None)
+    history: dict[int, list[tuple[float, ProcEntry]]] = defaultdict(list)
+    for row in rows:
+        for proc in row.procs:
+            history[proc.pid].append((row.t, proc))
+    return [_process_info(pid, entries, pid == root) for pid, entries in history.items()]
+
+
+def _process_info(pid: int, entries: list[tuple[float, ProcEntry]], is_root: bool) -> ProcessInfo:
+    rates = [(b.cpu_s - a.cpu_s) / (tb - ta) for (ta, a), (tb, b) in zip(entries, entries[1:]) if tb > ta]
+    (t_first, first), (t_last, last) = entries[0], entries[-1]
+    elapsed = t_last - t_first
+    return ProcessInfo(
+        pid=pid, ppid=last.ppid, name=last.name, role="main" if is_root else "child",
+        # CPU seconds are running totals, so this is the mean over time, however unevenly sampled.
+        cpu_mean=(last.cpu_s - first.cpu_s) / elapsed if elapsed > 0 else 0.0,
+        cpu_max=max(rates, default=0.0),
+        rss_max=int(max(e.highest("rss") or 0 for _, e in entries)),
+        threads_max=int(max(e.highest("threads") or 0 for _, e in entries)),
+        thread_cores=_thread_cores(first, last, elapsed),
+        ctx_invol_per_s=_rate(first.ctx_invol, last.ctx_invol, elapsed),
+    )
+
+
+def _thread_cores(first: ProcEntry, last: ProcEntry, elapsed: float) -> dict[str, float]:
+    if elapsed <= 0:
+        return {}
+    before = first.thread_cpu
+    return {tid: max(0.0, cpu - before.get(tid, 0.0)) / elapsed for tid, cpu in last.thread_cpu.items()}

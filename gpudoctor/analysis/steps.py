@@ -1,0 +1,66 @@
+"""Step views: each step's events, lined up with the profiler trace and the GPU's activity in it."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.trace import TraceData
+from gpudoctor.analysis.views import GilStats, Step
+from gpudoctor.bundle.events import GilSummary, StepEvent
+
+
+class StepBuilder:
+    """Makes `Step` views for one window's Run: `first_step` is the step its trace calls ProfilerStep#0."""
+
+    def __init__(self, trace: TraceData | None, gpu: GpuView | None, first_step: int) -> None:
+        self.trace, self.gpu, self.first_step = trace, gpu, first_step
+
+    def from_event(self, event: StepEvent) -> Step:
+        start, wall = event.t0, event.wall_s
+        trace_range = self._trace_range(event.step - self.first_step)
+        if trace_range is not None:  # the trace's clock, so that GPU activity lines up exactly
+            start, wall = trace_range[0], trace_range[1] - trace_range[0]
+        phases = event.phases
+        return Step(
+            index=event.step, start=start, wall_s=wall, data_wait_s=event.data_wait_s, window=event.window,
+            forward_s=phases.forward if phases else None, backward_s=phases.backward if phases else None,
+            optimizer_s=phases.optimizer if phases else None,
+            copy_s=sum(c.host_s for c in event.copies) if event.copies is not None else None,
+            sync_s=sum(s.host_s for s in event.syncs) if event.syncs is not None else None,
+            gil=_gil(event.gil), cuda_memory=event.cuda_memory,
+            **self._gpu_fields(start, start + wall, trace_range is not None),
+        )
+
+    def from_trace(self) -> list[Step]:
+        """A bare trace's steps: its ProfilerStep ranges, with the DataLoader's waits inside each."""
+        if self.trace is None:
+            return []
+        waits = [a for a in self.trace.annotations if "DataLoader" in a.name and "__next__" in a.name]
+        wait_starts = [a.start for a in waits]  # annotations are sorted by start
+        steps = []
+        for index, (start, end) in sorted(self.trace.steps.items()):
+            wait = sum(a.dur for a in waits[bisect_left(wait_starts, start):bisect_left(wait_starts, end)])
+            steps.append(Step(index=index, start=start, wall_s=end - start, data_wait_s=wait, window="active",
+                              **self._gpu_fields(start, end, True)))
+        return steps
+
+    def _trace_range(self, trace_step: int) -> tuple[float, float] | None:
+        if self.trace is None or trace_step < 0:
+            return None
+        return self.trace.steps.get(trace_step)
+
+    def _gpu_fields(self, start: float, end: float, in_trace: bool) -> dict[str, float | int]:
+        if self.gpu is None or not in_trace:
+            return {}
+        busy = self.gpu.busy_s(start, end)
+        return {
+            "gpu_busy_s": busy, "gpu_compute_s": self.gpu.compute_s(start, end),
+            "gpu_idle_s": max(0.0, (end - start) - busy), "kernels": len(self.gpu.kernels_in(start, end)),
+        }
+
+
+def _gil(summary: GilSummary | None) -> GilStats | None:
+    if summary is None:
+        return None
+    return GilStats(summary.samples, summary.mean_s, summary.p95_s, summary.max_s)

@@ -1,0 +1,246 @@
+"""events.jsonl: what the script's process reports, one record per line, each with its `kind` and time `t`.
+
+The recorder writes these records (gpudoctor.collect) and `Run` reads them (gpudoctor.analysis); nothing else
+spells their keys. Facts that the manifest also keeps (the process, torch, the window's environment) are
+records of their own, which the events extend.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from gpudoctor.bundle.records import Count, Record, Seconds, Site
+
+
+# -- facts the manifest keeps too ------------------------------------------------------------------
+class ProcessFacts(Record):
+    """The script's process, as it started."""
+
+    pid: int | None = None
+    python: str | None = None
+    implementation: str | None = None
+    executable: str | None = None
+    gil_enabled: bool | None = None
+    cpu_count: int | None = None
+    affinity: list[int] | None = None
+    start_method: str | None = None
+    switch_interval_s: float | None = None  # sys.getswitchinterval(): how long a thread may hold the GIL
+    main_native_id: int | None = None  # the OS id of the main thread, as in the process samples
+
+
+class TorchFacts(Record):
+    version: str | None = None
+    cuda_build: str | None = None
+    cuda_built: bool | None = None
+
+
+class CudaDevice(Record):
+    """The device the script trains on, as torch saw it when the window opened."""
+
+    index: int = 0
+    name: str | None = None
+    total_memory: int | None = None
+    free_memory: int | None = None
+    capability: str | None = None
+    multiprocessors: int | None = None
+
+
+class WindowFacts(Record):
+    """torch's threads and device when the profiling window opened."""
+
+    intra_op_threads: int | None = None
+    inter_op_threads: int | None = None
+    cuda_initialized: bool | None = None
+    cuda_device: CudaDevice | None = None
+
+
+# -- what a step accumulates -------------------------------------------------------------------------
+class Phases(Record):
+    """Host seconds in each phase of a step (inside the window only)."""
+
+    forward: Seconds = 0.0
+    backward: Seconds = 0.0
+    optimizer: Seconds = 0.0
+
+
+class CopyRow(Record):
+    """Host<->device copies from one line within one step."""
+
+    direction: Literal["h2d", "d2h"]
+    pinned: bool | None = None
+    non_blocking: bool = False
+    count: Count = 1
+    bytes: Count = 0
+    host_s: Seconds = 0.0
+    max_s: Seconds = 0.0
+    site: Site | None = None
+
+
+class SyncRow(Record):
+    """Synchronizing calls (.item(), print(tensor), torch.cuda.synchronize(), ...) from one line within one step."""
+
+    kind: str
+    count: Count = 1
+    host_s: Seconds = 0.0
+    max_s: Seconds = 0.0
+    site: Site | None = None
+
+
+class GilSummary(Record):
+    """Wake-up delays of the GIL probe over one step."""
+
+    samples: Count
+    mean_s: Seconds
+    p95_s: Seconds
+    max_s: Seconds
+
+
+class CudaMemory(Record):
+    allocated: Count = 0
+    reserved: Count = 0
+    max_allocated: Count = 0
+
+
+# -- the events ----------------------------------------------------------------------------------------
+class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", omit_defaults=True):
+    """An events.jsonl record: its class's tag is its `kind`. Every event has its time `t` (seconds since the
+    epoch), set by the recorder when it is written."""
+
+
+class ProcessEvent(ProcessFacts, Event, tag="process"):
+    t: float | None = None
+
+
+class TorchEvent(TorchFacts, Event, tag="torch"):
+    t: float | None = None
+
+
+class EnvWindowEvent(WindowFacts, Event, tag="env_window"):
+    t: float | None = None
+
+
+class CollectorEvent(Record, Event, tag="collector"):
+    """A collector inside the script's process that worked or not (nvtx, the profiler), and why."""
+
+    name: str
+    ok: bool
+    reason: str | None = None
+    t: float | None = None
+
+
+class ThreadStartEvent(Record, Event, tag="thread_start"):
+    name: str = ""
+    daemon: bool = False
+    native_id: int | None = None  # the OS thread id, as in the process samples' per-thread CPU
+    target: str | None = None
+    module: str | None = None  # the module of the thread's target function
+    site: Site | None = None
+    t: float | None = None
+
+
+class ForkEvent(Record, Event, tag="fork"):
+    parent_pid: int | None = None
+    cuda_initialized: bool = False
+    start_method: str | None = None
+    site: Site | None = None
+    dataloader_worker: bool = False
+    t: float | None = None
+
+
+class LoaderEvent(Record, Event, tag="loader"):
+    """A DataLoader the script iterated, with its settings and where it was built."""
+
+    loader_id: int | None = None
+    site: Site | None = None
+    num_workers: Count = 0
+    pin_memory: bool = False
+    batch_size: int | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    drop_last: bool = False
+    dataset: str = ""
+    dataset_len: int | None = None
+    start_method: str | None = None
+    t: float | None = None
+
+
+class ForwardSiteEvent(Record, Event, tag="forward_site"):
+    """Where the script calls its outermost model (once per line)."""
+
+    module: str | None = None
+    site: Site | None = None
+    t: float | None = None
+
+
+class StepSourceEvent(Record, Event, tag="step_source"):
+    source: str
+    at_step: Count = 0
+    t: float | None = None
+
+
+class StepEvent(Record, Event, tag="step"):
+    """One step, written when it ends. Only warm-up and active steps carry phases, copies, syncs, GIL and
+    CUDA memory figures."""
+
+    step: Count
+    t0: float  # time.time() at the start, comparable with the parent's samples
+    t1: float
+    wall_s: Seconds
+    data_wait_s: Seconds = 0.0
+    batches: Count = 0
+    source: str = "none"
+    window: str = "waiting"  # waiting | warmup | active | closed | failed
+    window_index: Count = 0
+    phases: Phases | None = None
+    copies: list[CopyRow] | None = None
+    syncs: list[SyncRow] | None = None
+    gil: GilSummary | None = None
+    cuda_memory: CudaMemory | None = None
+    t: float | None = None
+
+    @property
+    def plain(self) -> bool:
+        """A step outside the profiling windows: only its times, wait, batches and labels."""
+        return (self.phases is None and self.copies is None and self.syncs is None and self.gil is None
+                and self.cuda_memory is None and self.window_index == 0)
+
+
+class WindowEvent(Record, Event, tag="window"):
+    """The profiling window opened, closed (its trace written) or ended early."""
+
+    state: str  # opened | closed | ended_early
+    index: Count = 0  # bundles from before --every have one window and no index
+    first_step: Count | None = None
+    cuda: bool | None = None
+    trace: str | None = None
+    export_s: Seconds | None = None
+    trace_bytes: Count | None = None
+    from_state: str | None = None
+    t: float | None = None
+
+
+class MaxStepsEvent(Record, Event, tag="max_steps"):
+    steps: Count
+    t: float | None = None
+
+
+class EndEvent(Record, Event, tag="end"):
+    """How the script's process ended: its last event (none when it was killed)."""
+
+    reason: str  # completed | exit | exception | interrupted | terminated | max_steps
+    steps: Count = 0
+    pid: int | None = None
+    code: int | None = None
+    exception: str | None = None
+    message: str | None = None
+    where: Site | None = None
+    t: float | None = None
+
+
+AnyEvent = Union[
+    ProcessEvent, TorchEvent, EnvWindowEvent, CollectorEvent, ThreadStartEvent, ForkEvent, LoaderEvent,
+    ForwardSiteEvent, StepSourceEvent, StepEvent, WindowEvent, MaxStepsEvent, EndEvent,
+]
+EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

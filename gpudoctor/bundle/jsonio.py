@@ -1,0 +1,140 @@
+"""JSON in and out of a bundle: one encoder, one line reader, one line writer, one tail follower, one atomic write.
+
+Records are msgspec Structs (gpudoctor.bundle.manifest, .events, .samples): decoding a line into its record
+type parses and validates it in one pass, several times faster than parsing into dicts. A wrong type is a
+`BundleError` naming the file, the line and the field. Untyped JSON (trace events) is parsed with orjson
+where it is installed, else with the json module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
+
+import msgspec
+
+from gpudoctor.errors import BundleError
+
+try:  # several times faster than the json module on untyped JSON
+    import orjson
+
+    loads: Callable[[bytes], Any] = orjson.loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    loads = json.loads
+
+T = TypeVar("T")
+
+# A value msgspec cannot encode (a Path, a numpy scalar) is written as its text, never lost. NaN and
+# infinities become null: the files stay strict JSON.
+_encoder = msgspec.json.Encoder(enc_hook=str)
+
+
+def encode(record: object) -> bytes:
+    """A record (a Struct, or plain JSON data) as compact JSON."""
+    return _encoder.encode(record)
+
+
+def encode_pretty(record: object) -> bytes:
+    return msgspec.json.format(_encoder.encode(record), indent=2)
+
+
+def decode_error(path: Path, exc: msgspec.DecodeError, line: int | None = None) -> BundleError:
+    """The one-sentence message for a record that cannot be read."""
+    where = f"line {line}: " if line is not None else ""
+    reason = str(exc).replace(" - at `$", " at `$")
+    return BundleError(f"{path} is corrupt: {where}{reason[:1].lower()}{reason[1:]}.")
+
+
+ANY_JSON: msgspec.json.Decoder[Any] = msgspec.json.Decoder()  # plain JSON data: dicts, lists, numbers, strings
+
+
+@overload
+def read_jsonl(path: Path) -> Iterator[Any]: ...
+@overload
+def read_jsonl(path: Path, decoder: msgspec.json.Decoder[T]) -> Iterator[T]: ...
+
+
+def read_jsonl(path: Path, decoder: msgspec.json.Decoder[Any] = ANY_JSON) -> Iterator[Any]:
+    """The records of a JSONL file, read line by line (with `decoder`, as its records; without, as plain JSON);
+    a last line cut short by a crash is skipped, any other bad line is a BundleError."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield decoder.decode(line)
+            except msgspec.ValidationError as exc:
+                raise decode_error(path, exc, number) from None
+            except msgspec.DecodeError as exc:
+                if not line.endswith(b"\n"):  # only the last line can lack its newline: the writer was killed
+                    return
+                raise decode_error(path, exc, number) from None
+
+
+def read_json(path: Path, decoder: msgspec.json.Decoder[T]) -> T:
+    """One JSON document, decoded and validated."""
+    try:
+        return decoder.decode(path.read_bytes())
+    except msgspec.DecodeError as exc:
+        raise decode_error(path, exc) from None
+
+
+def write_json_atomic(path: Path, record: object) -> None:
+    """Write JSON so that a reader never sees half a file: write beside it, then rename over it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(encode_pretty(record) + b"\n")
+    os.replace(tmp, path)
+
+
+class JsonlWriter:
+    """Appends one JSON record per line and flushes each, so a crash loses at most the line being written."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
+        # Reentrant: a signal handler that writes (SIGTERM in the script's process) can interrupt a write
+        # on the same thread, and must not wait for a lock that thread holds.
+        self._lock = threading.RLock()
+
+    def write(self, record: object) -> None:
+        line = encode(record) + b"\n"
+        with self._lock:
+            try:
+                self._file.write(line)
+            except ValueError:  # closed, possibly by a signal handler that interrupted this very write
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+class JsonlTail(Generic[T]):
+    """The records appended to a JSONL file since the last `read()`: a line still being written waits for
+    the next read, and a line that cannot be decoded is skipped (the file's reader will say what is wrong)."""
+
+    def __init__(self, path: Path, decoder: msgspec.json.Decoder[T]) -> None:
+        self.path = path
+        self._decoder = decoder
+        self._offset = 0
+
+    def read(self) -> list[T]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        records: list[T] = []
+        for line in complete.splitlines():
+            try:
+                records.append(self._decoder.decode(line))
+            except msgspec.DecodeError:
+                continue
+        return records

@@ -1,0 +1,43 @@
+"""Where each part of a run bundle lives in its directory.
+
+    manifest.json       schema_version, versions, host, GPUs, argv, window, exit, collectors (`Manifest`)
+    events.jsonl        instrumentation events from inside the script's process (`gpudoctor.bundle.events`)
+    samples/*.jsonl     host, process-tree and GPU time series sampled by the parent (`gpudoctor.bundle.samples`)
+    trace.json.gz       the torch.profiler (Kineto) Chrome trace of the profiling window, when one closed
+    trace.N.json.gz     with --every, window N's trace
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+MANIFEST = "manifest.json"
+EVENTS = "events.jsonl"
+TRACE = "trace.json.gz"
+PARTIAL_TRACE = "trace.partial.json.gz"  # a window's trace while it is written; renamed once whole
+SAMPLES_DIR = "samples"
+SAMPLE_FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"}
+FINDINGS = "findings.json"
+REPORT = "report.html"
+
+
+def trace_name(window: int) -> str:
+    """The first profiling window's trace is trace.json.gz; a repeated window's is trace.<N>.json.gz."""
+    return TRACE if window == 0 else f"trace.{window}.json.gz"
+
+
+def trace_names(run_dir: Path) -> list[str]:
+    """The window traces in a run directory, in window order (trace.partial.json.gz, being written, is not one)."""
+    windows = [0] if (run_dir / TRACE).is_file() else []
+    for path in run_dir.glob("trace.*.json.gz"):
+        number = path.name[len("trace."):-len(".json.gz")]
+        if number.isdigit():
+            windows.append(int(number))
+    return [trace_name(w) for w in sorted(windows)]
+
+
+def sample_file(run_dir: Path, kind: str) -> Path:
+    """samples/host.jsonl, samples/procs.jsonl or samples/gpu.jsonl."""
+    return run_dir / SAMPLES_DIR / SAMPLE_FILES[kind]

@@ -1,0 +1,31 @@
+"""What every bundle record shares: msgspec Structs, validated when decoded, and the number types they use.
+
+A field added in a later version of the format has a default, so that older bundles still load. "Not
+measured" is None, never zero.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, cast
+
+import msgspec
+
+# Durations, sizes and counts are never negative; a file that says otherwise is corrupt.
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class Record(msgspec.Struct, kw_only=True, frozen=True):
+    """A record of a bundle file; unknown keys (from a newer gpudoctor) are ignored."""
+
+    def to_json(self) -> dict[str, object]:
+        """The record as plain JSON data (dicts, lists, numbers, strings)."""
+        return cast("dict[str, object]", msgspec.to_builtins(self))  # a Struct becomes an object
+
+
+class Site(Record):
+    """A line in the user's code: where a loader was built, a copy made, a thread started."""
+
+    file: str
+    line: int = 0
+    function: str = ""

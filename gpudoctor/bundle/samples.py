@@ -1,0 +1,94 @@
+"""samples/*.jsonl: the time series the parent samples, one row per sample (host, process tree, GPUs).
+
+A row compacted for a long run (gpudoctor.bundle.compaction) merges several samples: it has the keys of a raw
+row (gauges as their mean, counters as their last value) plus `t0` (its first sample), `n` (how many), `lo`
+and `hi` (each gauge's extremes) and `counts` (for a gauge fewer samples had). `lowest` and `highest` read
+raw and merged rows alike. A value the sampler could not read is left out, and read here as None.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gpudoctor.bundle.records import Count, Record, Seconds
+
+Extremes = dict[str, "float | list[float]"]
+
+
+class Merged(Record):
+    """What a compacted row or entry adds to a raw one."""
+
+    t0: float | None = None
+    n: Count | None = None
+    lo: Extremes | None = None
+    hi: Extremes | None = None
+    counts: dict[str, int] | None = None
+
+    def lowest(self, key: str) -> float | None:
+        """The lowest value the gauge `key` took over the samples behind this row."""
+        return _extreme(self.lo, key, getattr(self, key))
+
+    def highest(self, key: str) -> float | None:
+        """The highest value the gauge `key` took over the samples behind this row."""
+        return _extreme(self.hi, key, getattr(self, key))
+
+
+def _extreme(extremes: Extremes | None, key: str, value: float | None) -> float | None:
+    found = extremes.get(key) if extremes else None
+    return found if isinstance(found, (int, float)) else value
+
+
+class HostRow(Merged, kw_only=True):
+    t: float
+    cpu_pct: list[float] = []  # per core, over the interval since the previous sample
+    load: list[float] | None = None  # 1, 5 and 15 minute load averages
+    mem_total: float | None = None
+    mem_available: float | None = None
+    swap_used: float | None = None
+    swap_in: float | None = None  # bytes swapped in since boot: a counter
+    swap_out: float | None = None
+
+
+class ProcEntry(Merged, kw_only=True):
+    """One process of the script's tree. CPU seconds and context switches are running totals."""
+
+    pid: int
+    ppid: int | None = None
+    name: str = ""
+    cpu_s: Seconds = 0.0
+    rss: float | None = None
+    threads: float | None = None
+    ctx_vol: float | None = None
+    ctx_invol: float | None = None
+    thread_cpu: dict[str, float] = {}  # CPU seconds of each thread, by OS thread id
+
+
+class ProcsRow(Merged, kw_only=True):
+    t: float
+    procs: list[ProcEntry] = []
+
+
+class GpuEntry(Merged, kw_only=True):
+    """One GPU, from NVML; a field the driver does not support is None."""
+
+    gpu: int
+    util: float | None = None
+    mem_util: float | None = None
+    mem_used: float | None = None
+    sm_mhz: float | None = None
+    power_w: float | None = None
+    pcie_tx_kbs: float | None = None
+    pcie_rx_kbs: float | None = None
+
+
+GPU_GAUGES = ("util", "mem_util", "mem_used", "sm_mhz", "power_w", "pcie_tx_kbs", "pcie_rx_kbs")
+
+
+class GpuRow(Merged, kw_only=True):
+    t: float
+    gpus: list[GpuEntry] = []
+
+
+HOST_ROWS = msgspec.json.Decoder(HostRow)
+PROCS_ROWS = msgspec.json.Decoder(ProcsRow)
+GPU_ROWS = msgspec.json.Decoder(GpuRow)
