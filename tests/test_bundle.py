@@ -25,7 +25,7 @@ def test_bundle_has_every_file(training_run: Result) -> None:
 
 def test_bundle_loads(training_run: Result) -> None:
     loaded = bundle.load(training_run.run_dir)
-    assert loaded.manifest["schema_version"] == bundle.SCHEMA_VERSION
+    assert loaded.manifest.schema_version == bundle.SCHEMA_VERSION
     assert loaded.trace_path == training_run.run_dir / "trace.json.gz"
     run = Run.from_bundle(training_run.run_dir)
     assert run.trace is not None and sorted(run.trace.steps)  # ProfilerStep# annotations were recorded

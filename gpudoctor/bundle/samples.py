@@ -15,7 +15,7 @@ from gpudoctor.bundle.records import Count, Record, Seconds
 Extremes = dict[str, "float | list[float]"]
 
 
-class Merged(Record):
+class Merged(Record, omit_defaults=True):
     """What a compacted row or entry adds to a raw one."""
 
     t0: float | None = None

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpudoctor.bundle.manifest import GpuInfo
+from gpudoctor.bundle.samples import GpuEntry
+
 
 class NvmlUnavailable(Exception):
     """NVML cannot be used on this machine; the message says why in one sentence."""
@@ -35,44 +38,39 @@ class Nvml:
         except self._nvml.NVMLError:
             return None
 
-    def describe(self) -> tuple[list[dict[str, Any]], str | None]:
+    def describe(self) -> tuple[list[GpuInfo], str | None]:
         n = self._nvml
         driver = self._read(n.nvmlSystemGetDriverVersion)
         gpus = []
         for index, h in enumerate(self.handles):
             memory = self._read(lambda h=h: n.nvmlDeviceGetMemoryInfo(h))
-            gpus.append({
-                "index": index, "name": _text(self._read(lambda h=h: n.nvmlDeviceGetName(h))),
-                "uuid": _text(self._read(lambda h=h: n.nvmlDeviceGetUUID(h))),
-                "memory_total": memory.total if memory else None,
-                "pcie_gen": self._read(lambda h=h: n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                "pcie_width": self._read(lambda h=h: n.nvmlDeviceGetMaxPcieLinkWidth(h)),
-            })
+            gpus.append(GpuInfo(
+                index=index, name=_text(self._read(lambda h=h: n.nvmlDeviceGetName(h))),
+                uuid=_text(self._read(lambda h=h: n.nvmlDeviceGetUUID(h))),
+                memory_total=memory.total if memory else None,
+                pcie_gen=self._read(lambda h=h: n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                pcie_width=self._read(lambda h=h: n.nvmlDeviceGetMaxPcieLinkWidth(h)),
+            ))
         return gpus, _text(driver)
 
-    def sample(self, with_pcie: bool) -> list[dict[str, Any]]:
-        n, rows = self._nvml, []
-        for index, h in enumerate(self.handles):
-            row: dict[str, Any] = {"gpu": index}
-            util = self._read(lambda h=h: n.nvmlDeviceGetUtilizationRates(h))
-            if util is not None:
-                row["util"], row["mem_util"] = util.gpu, util.memory
-            memory = self._read(lambda h=h: n.nvmlDeviceGetMemoryInfo(h))
-            if memory is not None:
-                row["mem_used"] = memory.used
-            sm_clock = self._read(lambda h=h: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
-            if sm_clock is not None:
-                row["sm_mhz"] = sm_clock
-            power = self._read(lambda h=h: n.nvmlDeviceGetPowerUsage(h))
-            if power is not None:
-                row["power_w"] = power / 1000.0
-            if with_pcie:  # each PCIe query measures over ~20 ms, so it is read less often
-                for key, counter in (("pcie_tx_kbs", n.NVML_PCIE_UTIL_TX_BYTES), ("pcie_rx_kbs", n.NVML_PCIE_UTIL_RX_BYTES)):
-                    value = self._read(lambda h=h, c=counter: n.nvmlDeviceGetPcieThroughput(h, c))
-                    if value is not None:
-                        row[key] = value
-            rows.append(row)
-        return rows
+    def sample(self, with_pcie: bool) -> list[GpuEntry]:
+        return [self._sample_one(index, h, with_pcie) for index, h in enumerate(self.handles)]
+
+    def _sample_one(self, index: int, h: Any, with_pcie: bool) -> GpuEntry:
+        n = self._nvml
+        util = self._read(lambda: n.nvmlDeviceGetUtilizationRates(h))
+        memory = self._read(lambda: n.nvmlDeviceGetMemoryInfo(h))
+        power = self._read(lambda: n.nvmlDeviceGetPowerUsage(h))
+        pcie: dict[str, float | None] = {}
+        if with_pcie:  # each PCIe query measures over ~20 ms, so it is read less often
+            for key, counter in (("pcie_tx_kbs", n.NVML_PCIE_UTIL_TX_BYTES), ("pcie_rx_kbs", n.NVML_PCIE_UTIL_RX_BYTES)):
+                pcie[key] = self._read(lambda c=counter: n.nvmlDeviceGetPcieThroughput(h, c))
+        return GpuEntry(
+            gpu=index, util=util.gpu if util is not None else None, mem_util=util.memory if util is not None else None,
+            mem_used=memory.used if memory is not None else None,
+            sm_mhz=self._read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+            power_w=power / 1000.0 if power is not None else None, **pcie,
+        )
 
     def shutdown(self) -> None:
         try:
