@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import pty
 import struct
@@ -13,15 +12,21 @@ from pathlib import Path
 
 from conftest import Result
 from gpudoctor.collect.config import WindowConfig
-from gpudoctor.ui.status_line import EventTail, Progress, Status
+from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent, StepEvent, WindowEvent
+from gpudoctor.bundle.jsonio import JsonlTail, encode
+from gpudoctor.ui.status_line import Progress, Status
 
 WINDOW = WindowConfig(wait=2, warmup=1, active=3)
 
 
-def _append(path: Path, *events: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
+def _append(path: Path, *events: AnyEvent) -> None:
+    with open(path, "ab") as f:
         for event in events:
-            f.write(json.dumps(event) + "\n")
+            f.write(encode(event) + b"\n")
+
+
+def step(number: int, window: str) -> StepEvent:
+    return StepEvent(step=number, t0=float(number), t1=number + 1.0, wall_s=1.0, window=window)
 
 
 def test_absent_when_stderr_is_not_a_terminal(training_run: Result) -> None:
@@ -44,23 +49,24 @@ def test_not_started_for_a_pipe_or_a_dumb_terminal(tmp_path: Path, monkeypatch) 
 
 def test_tail_reads_whole_lines_only(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
-    tail = EventTail(events)
+    tail = JsonlTail(events, EVENT_DECODER)
     assert tail.read() == []  # the child has not created it yet
-    events.write_text('{"kind": "step", "step": 0}\n{"kind": "st')
-    assert tail.read() == [{"kind": "step", "step": 0}]
-    with open(events, "a") as f:
-        f.write('ep", "step": 1}\n')
-    assert tail.read() == [{"kind": "step", "step": 1}]
+    first, second = encode(step(0, "waiting")), encode(step(1, "waiting"))
+    events.write_bytes(first + b"\n" + second[:10])
+    assert tail.read() == [step(0, "waiting")]
+    with open(events, "ab") as f:
+        f.write(second[10:] + b"\n")
+    assert tail.read() == [step(1, "waiting")]
 
 
 def test_status_follows_steps_and_the_window() -> None:
     status = Status(WINDOW, max_steps=20)
     assert "waiting for the first step" in status.text()
-    status.update([{"kind": "step", "step": 0, "window": "waiting"}])
+    status.update([step(0, "waiting")])
     assert "step 1 of 20 · profiling starts after step 2" in status.text()
-    status.update([{"kind": "window", "state": "opened"}, {"kind": "step", "step": 4, "window": "active"}])
+    status.update([WindowEvent(state="opened"), step(4, "active")])
     assert "step 5 of 20 · profiling step 2 of 3" in status.text()
-    status.update([{"kind": "window", "state": "closed"}, {"kind": "step", "step": 6, "window": "closed"}])
+    status.update([WindowEvent(state="closed"), step(6, "closed")])
     assert "step 7 of 20 · profiled window recorded" in status.text()
 
 
@@ -68,12 +74,12 @@ def test_draws_below_the_script_output_and_erases_itself(tmp_path: Path) -> None
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     events = tmp_path / "events.jsonl"
-    _append(events, {"kind": "step", "step": 0, "window": "waiting"}, {"kind": "step", "step": 1, "window": "waiting"})
+    _append(events, step(0, "waiting"), step(1, "waiting"))
     with os.fdopen(slave, "w") as tty:
         progress = Progress.start(events, WINDOW, stream=tty, interval_s=0.05)
         assert progress is not None
         time.sleep(0.3)
-        _append(events, {"kind": "window", "state": "opened"}, {"kind": "step", "step": 3, "window": "active"})
+        _append(events, WindowEvent(state="opened"), step(3, "active"))
         time.sleep(0.3)
         progress.stop()
     output = b""

@@ -11,14 +11,15 @@ It only appears when stderr is a terminal (and TERM is not "dumb"); piped or red
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
+from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent, StepEvent, WindowEvent
+from gpudoctor.bundle.jsonio import JsonlTail
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.ui.terminal import is_terminal
 
@@ -26,33 +27,6 @@ INTERVAL_S = 0.5
 ESC = "\x1b"
 SAVE, RESTORE = f"{ESC}7", f"{ESC}8"  # DEC save/restore cursor
 CLEAR_LINE = f"{ESC}[2K"
-
-
-class EventTail:
-    """The events the child has appended to events.jsonl since the last read; a half-written line waits."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
-            return []
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-        return events
 
 
 class Status:
@@ -68,16 +42,16 @@ class Status:
         self.windows_recorded = 0
         self.started = time.monotonic()
 
-    def update(self, events: list[dict[str, Any]]) -> None:
+    def update(self, events: list[AnyEvent]) -> None:
         for event in events:
-            if event.get("kind") == "step":
-                self.steps = max(self.steps, int(event.get("step", -1)) + 1)
-                self.state = event.get("window", self.state)
-            elif event.get("kind") == "window":
-                self.window_event = event.get("state")
-                if self.window_event == "opened":
-                    self.window_first_step = int(event.get("first_step", self.window_first_step))
-                elif self.window_event == "closed":
+            if isinstance(event, StepEvent):
+                self.steps = max(self.steps, event.step + 1)
+                self.state = event.window
+            elif isinstance(event, WindowEvent):
+                self.window_event = event.state
+                if event.state == "opened" and event.first_step is not None:
+                    self.window_first_step = event.first_step
+                elif event.state == "closed":
                     self.windows_recorded += 1
 
     def _window_text(self) -> str:
@@ -109,7 +83,7 @@ class Progress:
                  interval_s: float = INTERVAL_S) -> None:
         self.fd = fd
         self.interval_s = interval_s
-        self.tail = EventTail(events)
+        self.tail = JsonlTail(events, EVENT_DECODER)
         self.status = Status(window, max_steps)
         self.rows = 0
         self._stop = threading.Event()
