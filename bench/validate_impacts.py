@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpudoctor.engine import run_rules
-from gpudoctor.loading import builtin_rules
+from gpudoctor.engine import builtin_rules, run_rules
 from gpudoctor.testing import load_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,7 +50,7 @@ def main() -> None:
         bad, fixed = (measured_time(fixtures, name, per_sample) for name in (bad_name, fixed_name))
         measured = 1 - fixed / bad
         findings = run_rules(load_fixture(bad_name), [rules[code]]).findings
-        predicted = min(1.0, sum(f["impact"] or 0.0 for f in findings))
+        predicted = min(1.0, sum(f.impact or 0.0 for f in findings))
         error = (predicted - measured) / measured if abs(measured) > 0.01 else None
         close = "yes" if error is not None and abs(error) <= TOLERANCE else "no" if error is not None else "n/a (no gain)"
         unit = "per sample" if per_sample else "per step"

@@ -14,7 +14,7 @@ from gpudoctor._version import __version__
 
 if TYPE_CHECKING:
     from gpudoctor.analysis import NotEvaluated, Run
-    from gpudoctor.engine import Finding, rule
+    from gpudoctor.engine.api import Finding, rule
 
 __all__ = ["Finding", "NotEvaluated", "Run", "__version__", "rule", "step"]
 
@@ -30,9 +30,9 @@ def step() -> None:
 
 def __getattr__(name: str) -> Any:
     if name in ("Finding", "rule"):
-        from gpudoctor import engine
+        from gpudoctor.engine import api
 
-        return getattr(engine, name)
+        return getattr(api, name)
     if name in ("Run", "NotEvaluated"):
         from gpudoctor import analysis
 

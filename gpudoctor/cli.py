@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from typer.core import TyperCommand, TyperOption
@@ -18,11 +18,11 @@ from gpudoctor.collect.config import WindowConfig
 from gpudoctor.diagnose import (
     PreparedRules, RuleSelection, diagnose, load_project_rules, open_run, prepare_rules, write_outputs,
 )
+from gpudoctor.engine import CATEGORIES, SEVERITIES, Rule, find_rule, retired_codes
+from gpudoctor.engine.scaffold import DEFAULT_NAME, new_rule
 from gpudoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, GpudoctorError, InputNotFoundError
-from gpudoctor.engine import CATEGORIES, SEVERITIES
 from gpudoctor.launcher import ProfileRequest, profile as run_profile
 from gpudoctor.report.render import to_text
-from gpudoctor.scaffold import DEFAULT_NAME, new_rule
 from gpudoctor.ui.trace_progress import TraceProgress
 
 # Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
@@ -77,7 +77,8 @@ def _check_fail_on(fail_on: str | None) -> None:
         raise typer.BadParameter(f"--fail-on must be one of {', '.join(SEVERITIES)}, not {fail_on!r}.")
 
 
-def _fails(report: dict, fail_on: str | None) -> bool:
+def _fails(report: dict[str, Any], fail_on: str | None) -> bool:
+    """Whether a finding (findings.json's, in the report) is at least as severe as --fail-on."""
     if fail_on is None:
         return False
     threshold = SEVERITIES.index(fail_on)
@@ -215,23 +216,29 @@ def analyze(
 
 @rules_app.command("list")
 def rules_list(rules: RulesOption = None) -> None:
-    """List every rule: code, name, category and where it comes from (built-in, package:, file:, module:)."""
+    """List every rule: code, name, category and where it comes from (built-in, package:, file:, module:); then the
+    retired codes, with why."""
     project = load_project_rules(rules or ())
     selected = {r.code for r in project.selected(RuleSelection())}
     for r in sorted(project.rules, key=lambda r: (r.source != "built-in", r.code)):
         off = "" if r.code in selected else "  (off: [tool.gpudoctor] select/ignore)"
-        print(f"{r.code:<9} {r.name:<34} {r.category:<22} {r.source}{off}")
+        print(f"{r.code:<9} {r.name:<34} {r.category:<22} {r.source}{off}{_formerly(r)}")
+    for code, why in sorted(retired_codes().items()):
+        print(f"{code:<9} {'(retired)':<34} {why}")
+
+
+def _formerly(r: Rule) -> str:
+    return f"  (formerly {', '.join(r.aliases)})" if r.aliases else ""
 
 
 @rules_app.command("explain")
 def rules_explain(code: str, rules: RulesOption = None) -> None:
     """Show a rule's documentation, its options with their defaults, and the values pyproject.toml sets."""
     project = load_project_rules(rules or ())
-    found = [r for r in project.rules if r.code == code.upper() or code in (r.name, *r.aliases)]
-    if not found:
+    r = find_rule(project.rules, code, "rules explain")
+    if r is None:
         raise InputNotFoundError(f"no rule has the code or name {code!r}; `gpudoctor rules list` shows them all.")
-    r = found[0]
-    print(f"{r.code} {r.name} ({r.category}, {r.severity}) from {r.source}\n\n{r.doc}")
+    print(f"{r.code} {r.name} ({r.category}, {r.severity}) from {r.source}{_formerly(r)}\n\n{r.doc}")
     if r.options:
         print("\nOptions (default):")
         project_sets = project.options.get(r.code, {})

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.across_windows import diagnose_windows
 from gpudoctor.analysis import Run
 from gpudoctor.bundle import FINDINGS, REPORT
-from gpudoctor.config import ProjectConfig, load_project_config, parse_cli_options, resolve_options
-from gpudoctor.engine import Rule
+from gpudoctor.engine import (
+    ProjectConfig, Rule, diagnose_windows, load_project_config, load_rules, parse_cli_options, resolve_options,
+    select_rules,
+)
 from gpudoctor.errors import OutputNotWritableError
-from gpudoctor.loading import load_rules, select_rules
 from gpudoctor.report import build_report
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html, to_json

@@ -17,9 +17,8 @@ from conftest import REPO, Gpudoctor, env_with
 import gpudoctor
 import gpudoctor.analysis
 from gpudoctor.diagnose import RuleSelection, prepare_rules
-from gpudoctor.engine import run_rules
+from gpudoctor.engine import builtin_rules, load_rules, run_rules
 from gpudoctor.errors import RuleLoadError
-from gpudoctor.loading import builtin_rules, load_rules
 from gpudoctor.testing import BundleBuilder, load_fixture
 
 STARVED = str(REPO / "fixtures" / "bundles" / "data_starvation_bad")
@@ -35,7 +34,13 @@ def slow_loader_wait(run, max_wait_s: float = 0.2, steps: int = 1, strict: bool 
                      functions: tuple = ("training_step",)):
     """Steps wait more than `max_wait_s` for data.
 
-    What it detects: waits. Why it matters: idle GPU. Example: NFS. Fix: cache.
+    What it detects: waits.
+
+    Why it matters: idle GPU.
+
+    Example: NFS.
+
+    Fix: cache.
     """
     slow = [s for s in run.steady_steps if s.data_wait_s > max_wait_s]
     if len(slow) >= steps:
@@ -50,11 +55,14 @@ def write(directory: Path, name: str, source: str) -> Path:
     return path
 
 
+DOC = "Doc.\n\n    What it detects: a test.\n\n    Why it matters: tests.\n\n    Fix: none.\n    "  # the sections every rule has
+
+
 def a_rule(code: str = "ACME101", name: str = "slow-loader-wait", signature: str = "run", body: str = "return []",
            decorator: str = 'category="data_starvation"') -> str:
     """The source of a rule file with one rule, for the load-failure tests."""
     return (f'from gpudoctor import Finding, rule\n\n\n@rule("{code}", "{name}", {decorator})\n'
-            f'def the_rule({signature}):\n    """Doc."""\n    {body}\n')
+            f'def the_rule({signature}):\n    """{DOC}"""\n    {body}\n')
 
 
 def load_error(*specs: str) -> str:
@@ -270,9 +278,9 @@ def test_a_rule_that_yields_something_else_becomes_an_error_row(tmp_path: Path, 
     b.steps(3)
     result = run_rules(b.build(), load_rules([str(path)], builtins=False))
     assert result.findings == []
-    assert [e["code"] for e in result.errors] == ["ACME101"]
-    assert result.errors[0]["error"].startswith(error)
-    assert result.errors[0]["source"] == f"file:{path}"
+    assert [e.code for e in result.errors] == ["ACME101"]
+    assert result.errors[0].error.startswith(error)
+    assert result.errors[0].source == f"file:{path}"
 
 
 def test_a_load_error_stops_analyze_before_it_runs_with_status_2(gd: Gpudoctor) -> None:
@@ -294,7 +302,7 @@ def test_a_crashing_rule_is_an_error_row_and_every_built_in_finding_is_still_the
     assert error["error"] == "KeyError: 'num_workers'"
     assert "crashing.py" in error["traceback"]
     expected = run_rules(load_fixture("data_starvation_bad"), builtin_rules()).findings
-    assert [(f["code"], f["title"]) for f in report["findings"]] == [(f["code"], f["title"]) for f in expected]
+    assert [(f["code"], f["title"]) for f in report["findings"]] == [(f.code, f.title) for f in expected]
     assert expected
     html = (gd.cwd / "out" / "report.html").read_text()
     assert "ACME666" in html and "KeyError: &#39;num_workers&#39;" in html

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, Gpudoctor, env_with
 
-from gpudoctor.loading import load_rules
+from gpudoctor.engine import load_rules
 from gpudoctor.testing import BundleBuilder, assert_fires, assert_not_evaluated, assert_silent, load_fixture, run_rule
 
 DOC = REPO / "docs" / "custom-rules.md"

@@ -4,12 +4,13 @@ import pytest
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis.views import Location
+from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.engine import run_rules
 from gpudoctor.errors import RuleLoadError
 
 
 def empty_run() -> Run:
-    return Run({"schema_version": 1}, [], None, [], [], [])
+    return Run(Manifest(schema_version=1), [], None, [], [], [])
 
 
 @rule("TST101", "always-fires", category="data_starvation")
@@ -40,28 +41,28 @@ def small(run):
 
 def test_a_failing_rule_becomes_an_error_and_the_others_still_run():
     result = run_rules(empty_run(), [raises, always_fires, needs_gpu, small])
-    assert [e["code"] for e in result.errors] == ["TST102"]
-    assert "ValueError: boom" in result.errors[0]["error"]
-    assert [n["code"] for n in result.not_evaluated] == ["TST103"]
-    assert "no profiler trace" in result.not_evaluated[0]["reason"]
-    assert [f["code"] for f in result.findings] == ["TST101", "TST104"]  # ranked by impact
+    assert [e.code for e in result.errors] == ["TST102"]
+    assert "ValueError: boom" in result.errors[0].error
+    assert [n.code for n in result.not_evaluated] == ["TST103"]
+    assert "no profiler trace" in result.not_evaluated[0].reason
+    assert [f.code for f in result.findings] == ["TST101", "TST104"]  # ranked by impact
 
 
 def test_findings_from_one_call_site_are_merged_with_counts():
     result = run_rules(empty_run(), [always_fires])
     assert len(result.findings) == 1
-    assert result.findings[0]["count"] == 2
-    assert result.findings[0]["location"] == {"file": "train.py", "line": 7, "function": "main"}
+    assert result.findings[0].count == 2
+    assert result.findings[0].to_json()["location"] == {"file": "train.py", "line": 7, "function": "main"}
 
 
 def test_options_are_overridable():
     result = run_rules(empty_run(), [always_fires], {"TST101": {"impact": 0.9}})
-    assert result.findings[0]["impact"] == 0.9
+    assert result.findings[0].impact == 0.9
 
 
 def test_impact_is_clamped_to_a_share():
     result = run_rules(empty_run(), [always_fires], {"TST101": {"impact": 3.0}})
-    assert result.findings[0]["impact"] == 1.0
+    assert result.findings[0].impact == 1.0
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def test_impact_is_clamped_to_a_share():
 )
 def test_declaration_errors_name_the_fix(code, name, category, message):
     with pytest.raises(RuleLoadError, match=message):
-        rule(code, name, category=category)(always_fires.func)
+        rule(code, name, category=category)(always_fires.rule.func)
 
 
 def test_an_option_without_a_default_is_refused():

@@ -83,6 +83,12 @@ def evil(run):
     """Doc with <script>alert(1)</script>, `code <b>bold</b>` and "quotes" & ampersands.
 
     A second paragraph: <img src=x onerror=alert(1)>.
+
+    What it detects: names <b>in bold</b>.
+
+    Why it matters: markup from a run must stay text.
+
+    Fix: escape it.
     """
     yield Finding("Title " + PAYLOAD, impact=0.5, location=Location(SCRIPT, 5, PAYLOAD),
                   evidence={{PAYLOAD: (PAYLOAD, PAYLOAD), "number": 3}}, fix="fix " + PAYLOAD)

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor import Finding, NotEvaluated, Run, bundle, rule
-from gpudoctor.engine import run_rules
-from gpudoctor.loading import load_rules
+from gpudoctor.engine import load_rules, run_rules
 from gpudoctor.report import build_report
 from gpudoctor.testing import (
     BundleBuilder, RuleRaised, assert_fires, assert_not_evaluated, assert_silent, fixture_path, load_fixture, run_rule,
@@ -394,7 +393,7 @@ def test_the_whole_pipeline_runs_on_a_built_bundle(tmp_path):
     run = b.build()
     result = run_rules(run, load_rules(()))
     assert result.errors == []  # every built-in rule could read the bundle
-    assert "GD101" in {f["code"] for f in result.findings}  # the loader in the main process is seen
+    assert "GD101" in {f.code for f in result.findings}  # the loader in the main process is seen
     assert build_report(run, result)["findings"]
 
 

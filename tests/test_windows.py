@@ -128,8 +128,11 @@ def test_a_window_in_a_compacted_stretch_reads_the_rows_either_side() -> None:
 
 
 def test_a_windows_cell_adds_up_a_rules_call_sites() -> None:
-    from gpudoctor.across_windows import _impact_per_rule
+    from gpudoctor.bundle.findings import FindingRecord
+    from gpudoctor.engine.windows import _impact_per_rule
 
-    findings = [{"code": "GD211", "impact": 0.02}, {"code": "GD211", "impact": 0.03}, {"code": "GD502", "impact": None},
-                {"code": "GD201", "impact": 0.7}, {"code": "GD201", "impact": 0.6}]
+    rows = [{"code": "GD211", "impact": 0.02}, {"code": "GD211", "impact": 0.03}, {"code": "GD502", "impact": None},
+            {"code": "GD201", "impact": 0.7}, {"code": "GD201", "impact": 0.6}]
+    findings = [FindingRecord(name="r", category="sync_point", severity="warning", title="t", evidence=[], location=None,
+                              fix="", **row) for row in rows]
     assert _impact_per_rule(findings) == {"GD211": 0.05, "GD502": None, "GD201": 1.0}

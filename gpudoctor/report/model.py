@@ -32,6 +32,7 @@ from gpudoctor.analysis.summary import PhaseTime, StepBar, breakdown, median_ste
 from gpudoctor.analysis.timeline import MAX_POINTS, Panel, Series, Span, timeline
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle import SCHEMA_VERSION
+from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.engine import EngineResult
 
 __all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "link_outputs", "source_snippet"]
@@ -87,11 +88,11 @@ def _not_measured(run: Run) -> list[dict[str, str]]:
     return rows
 
 
-def _problems(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [f for f in findings if f["severity"] != "info"]
+def _problems(findings: list[FindingRecord]) -> list[FindingRecord]:
+    return [f for f in findings if f.severity != "info"]
 
 
-def _status(findings: list[dict[str, Any]], steps: list[Step], not_measured: list[dict[str, str]]) -> str:
+def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list[dict[str, str]]) -> str:
     """no_steps | problems | partial (nothing found, but something was not measured) | healthy."""
     if not steps:
         return "no_steps"
@@ -100,14 +101,14 @@ def _status(findings: list[dict[str, Any]], steps: list[Step], not_measured: lis
     return "partial" if not_measured else "healthy"
 
 
-def _verdict(idle: float | None, findings: list[dict[str, Any]], steps: list[Step], status: str) -> str:
+def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: str) -> str:
     if not steps:
         return "No training step was detected, so there is no step time to break down."
     problems = _problems(findings)
     idle_text = f"GPU idle {idle:.0%} of each step" if idle is not None else "GPU activity not measured"
     if not problems:
         return f"{idle_text}; no problems found." if status == "healthy" else f"{idle_text}; no problems found in what was measured."
-    largest = max((f["impact"] or 0.0) for f in problems)
+    largest = max((f.impact or 0.0) for f in problems)
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
     cost = f", the largest costs ~{largest:.0%} of step time" if largest > 0 else ""
     return f"{idle_text}; {count}{cost}."
@@ -227,7 +228,7 @@ def _top_kernel(k: KernelTotal) -> dict[str, Any]:
             "share": k.share}
 
 
-def _kernel_histogram(run: Run, findings: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _kernel_histogram(run: Run, findings: list[FindingRecord]) -> dict[str, Any] | None:
     """The analysed steps' kernel durations (see analysis.kernels); `launch_bound` when a small-batch finding
     points at them."""
     histogram = kernel_histogram(run.gpu, run.steps)
@@ -237,7 +238,7 @@ def _kernel_histogram(run: Run, findings: list[dict[str, Any]]) -> dict[str, Any
         "count": histogram.count, "per_step": histogram.per_step, "median_us": histogram.median_us,
         "total_s": histogram.total_s, "bins": [_kernel_bin(b) for b in histogram.bins],
         "top": [_top_kernel(k) for k in histogram.top],
-        "launch_bound": any(f["category"] == "small_batch" for f in _problems(findings)),
+        "launch_bound": any(f.category == "small_batch" for f in _problems(findings)),
     }
 
 
@@ -295,13 +296,14 @@ def doc_paragraphs(doc: str | None) -> list[str]:
     return [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", doc.strip()) if p.strip()]
 
 
-def _card(index: int, finding: dict[str, Any], run: Run, docs: Mapping[str, str], created: float | None) -> dict[str, Any]:
-    impact = finding.get("impact")
+def _card(index: int, record: FindingRecord, shown: dict[str, Any], run: Run, docs: Mapping[str, str],
+          created: float | None) -> dict[str, Any]:
+    """A finding's card: `shown` is the record as findings.json has it, which the template reads."""
     return {
-        "id": f"finding-{index + 1}", "finding": finding,
-        "impact_percent": None if impact is None else round(impact * 100, 1),
-        "source": source_snippet(finding.get("location"), run.manifest.get("cwd"), created),
-        "doc": doc_paragraphs(docs.get(finding["code"]) or finding.get("doc")),
+        "id": f"finding-{index + 1}", "finding": shown,
+        "impact_percent": None if record.impact is None else round(record.impact * 100, 1),
+        "source": source_snippet(shown["location"], run.manifest.get("cwd"), created),
+        "doc": doc_paragraphs(docs.get(record.code) or record.doc),
     }
 
 
@@ -309,7 +311,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
                  windows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
 
-    `windows` has one row per profiling window of a run profiled with --every (see across_windows);
+    `windows` has one row per profiling window of a run profiled with --every (see engine.windows);
     `run` is then the window the charts show.
     """
     steps = run.steps
@@ -318,6 +320,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     problems = _problems(result.findings)
     not_measured = _not_measured(run)
     status = _status(result.findings, steps, not_measured)
+    findings = [f.to_json() for f in result.findings]  # the report, as findings.json, holds them as JSON
     return {
         "schema_version": SCHEMA_VERSION,
         "gpudoctor_version": __version__,
@@ -332,13 +335,14 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "charts": {
             "steps": _step_chart(steps), "timeline": _timeline(run), "kernels": _kernel_histogram(run, result.findings),
         },
-        "cards": [_card(i, f, run, docs or {}, created) for i, f in enumerate(result.findings)],
+        "cards": [_card(i, f, shown, run, docs or {}, created)
+                  for i, (f, shown) in enumerate(zip(result.findings, findings))],
         "links": {"trace": str(_trace_file(run)) if _trace_file(run) else None,
                   "run": str(run.path.resolve()) if run.path is not None else None},
         "windows": _windows(run, windows or []),
-        "findings": result.findings,
-        "not_evaluated": result.not_evaluated,
-        "errors": result.errors,
+        "findings": findings,
+        "not_evaluated": [row.to_json() for row in result.not_evaluated],
+        "errors": [row.to_json() for row in result.errors],
     }
 
 

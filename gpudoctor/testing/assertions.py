@@ -6,25 +6,30 @@ import os
 from typing import Any
 
 from gpudoctor.analysis import NotEvaluated, Run
-from gpudoctor.engine import EngineResult, Rule, run_rules
+from gpudoctor.engine import EngineResult, Rule, RuleFunction, find_rule, load_rules, rule_of, run_rules
 from gpudoctor.testing.sites import SITE_DEFAULT, Site, site_dict
+
+# A rule as a test names it: the decorated function, its Rule, or a built-in rule's code, name or old code.
+RuleLike = RuleFunction | Rule | str
+
 
 class RuleRaised(AssertionError):
     """The rule raised an exception (the engine would have reported it as an error row)."""
 
 
-def _resolve(rule: Rule | str) -> Rule:
-    if isinstance(rule, Rule):
-        return rule
-    from gpudoctor.loading import load_rules
+def _resolve(rule: RuleLike) -> Rule:
+    if not isinstance(rule, str):
+        declared = rule_of(rule)
+        if declared is None:
+            raise TypeError(f"{rule!r} is not a rule: decorate it with @gpudoctor.rule(...)")
+        return declared
+    found = find_rule(load_rules(()), rule)
+    if found is None:
+        raise LookupError(f"no rule has the code or name {rule!r}")
+    return found
 
-    for r in load_rules(()):
-        if rule in (r.code, r.name, *r.aliases):
-            return r
-    raise LookupError(f"no rule has the code or name {rule!r}")
 
-
-def evaluate(rule: Rule | str, run: Run, **options: Any) -> EngineResult:
+def evaluate(rule: RuleLike, run: Run, **options: Any) -> EngineResult:
     """Run one rule through the engine, with option overrides; the full result (findings, not_evaluated, errors)."""
     r = _resolve(rule)
     unknown = set(options) - set(r.options)
@@ -34,7 +39,7 @@ def evaluate(rule: Rule | str, run: Run, **options: Any) -> EngineResult:
     return run_rules(run, [r], {r.code: options})
 
 
-def run_rule(rule: Rule | str, run: Run, **options: Any) -> list[dict[str, Any]]:
+def run_rule(rule: RuleLike, run: Run, **options: Any) -> list[dict[str, Any]]:
     """The finding dicts (as in findings.json) that one rule produces on `run`.
 
     Raises NotEvaluated when the rule had not the data it needs, and RuleRaised (an AssertionError, with
@@ -43,13 +48,13 @@ def run_rule(rule: Rule | str, run: Run, **options: Any) -> list[dict[str, Any]]
     result = evaluate(rule, run, **options)
     if result.errors:
         error = result.errors[0]
-        raise RuleRaised(f"rule {error['code']} raised {error['error']}\n{error['traceback']}")
+        raise RuleRaised(f"rule {error.code} raised {error.error}\n{error.traceback}")
     if result.not_evaluated:
-        raise NotEvaluated(result.not_evaluated[0]["reason"])
-    return result.findings
+        raise NotEvaluated(result.not_evaluated[0].reason)
+    return [f.to_json() for f in result.findings]
 
 
-def assert_fires(rule: Rule | str, run: Run, *, count: int | None = None, severity: str | None = None,
+def assert_fires(rule: RuleLike, run: Run, *, count: int | None = None, severity: str | None = None,
                  impact: float | tuple[float, float] | None = None, title: str | None = None,
                  location: Site | str = SITE_DEFAULT, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Assert the rule produces findings (exactly `count`, when given) and return them.
@@ -75,25 +80,26 @@ def assert_fires(rule: Rule | str, run: Run, *, count: int | None = None, severi
     return findings
 
 
-def assert_silent(rule: Rule | str, run: Run, *, options: dict[str, Any] | None = None) -> None:
+def assert_silent(rule: RuleLike, run: Run, *, options: dict[str, Any] | None = None) -> None:
     """Assert the rule ran (it was evaluated, and did not raise) and found nothing."""
     findings = _findings_for_assert(rule, run, options)
     assert not findings, f"rule {_resolve(rule).code} should be silent but found: " + _titles(findings)
 
 
-def assert_not_evaluated(rule: Rule | str, run: Run, reason: str | None = None, *,
+def assert_not_evaluated(rule: RuleLike, run: Run, reason: str | None = None, *,
                          options: dict[str, Any] | None = None) -> str:
     """Assert the rule was not evaluated (its data is missing); `reason` is a substring of its reason."""
     result = evaluate(rule, run, **(options or {}))
     name = _resolve(rule).code
-    assert not result.errors, f"rule {name} raised instead: {result.errors[0]['error']}"
-    assert result.not_evaluated, f"rule {name} was evaluated (findings: {_titles(result.findings) or 'none'})"
-    said = result.not_evaluated[0]["reason"]
+    assert not result.errors, f"rule {name} raised instead: {result.errors[0].error}"
+    found = [f.to_json() for f in result.findings]
+    assert result.not_evaluated, f"rule {name} was evaluated (findings: {_titles(found) or 'none'})"
+    said = result.not_evaluated[0].reason
     assert reason is None or reason in said, f"rule {name}: reason {said!r} does not contain {reason!r}"
     return said
 
 
-def _findings_for_assert(rule: Rule | str, run: Run, options: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _findings_for_assert(rule: RuleLike, run: Run, options: dict[str, Any] | None) -> list[dict[str, Any]]:
     try:
         return run_rule(rule, run, **(options or {}))
     except NotEvaluated as exc:

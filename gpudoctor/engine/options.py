@@ -1,5 +1,8 @@
 """Project settings from pyproject.toml's [tool.gpudoctor] table, and rule options from the command line.
 
+A rule's options may be set under its code or under a code or name it had before (an alias); a retired code is
+refused.
+
     [tool.gpudoctor]
     rules = ["team_rules/"]          # rule files, directories or modules, relative to pyproject.toml
     select = ["GD1", "ACME"]
@@ -12,11 +15,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.engine import Rule
+from gpudoctor.engine.api import Rule
+from gpudoctor.engine.lookup import find_rule
+from gpudoctor.engine.retired import refuse_retired
 from gpudoctor.errors import RuleLoadError
 
 if sys.version_info >= (3, 11):
@@ -74,7 +80,7 @@ def parse_cli_options(items: list[str]) -> dict[str, dict[str, str]]:
         code, dot, name = key.partition(".")
         if not sep or not dot or not code or not name:
             raise RuleLoadError(f"--rule-option {item!r} must look like CODE.option=value, e.g. GD101.min_wait_share=0.2.")
-        options.setdefault(code.upper(), {})[name] = value
+        options.setdefault(code, {})[name] = value
     return options
 
 
@@ -118,20 +124,34 @@ def _coerce(value: Any, default: Any) -> Any:
     return value
 
 
-def resolve_options(rules: list[Rule], *layers: tuple[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Merge option layers (later wins), checking each against the rule's declared options and types."""
-    by_code = {r.code: r for r in rules}
+OptionLayer = tuple[str, Mapping[str, Mapping[str, Any]]]  # where the values come from, and code -> option -> value
+
+
+def _rule_for(rules: list[Rule], key: str, origin: str) -> Rule:
+    """The rule that an options table names, by its code or an alias."""
+    refuse_retired(key, origin, f"has no options; remove the options set for {key.upper()}")
+    found = find_rule(rules, key, origin)
+    if found is None:
+        raise RuleLoadError(f"{origin}: sets options for rule {key}, but no loaded rule has that code; fix the "
+                            "code, or load the rule with --rules or [tool.gpudoctor] rules.")
+    return found
+
+
+def _checked(r: Rule, name: str, value: Any, origin: str) -> Any:
+    """`value` as the type of the option's default; an option the rule does not have is refused."""
+    if name not in r.options:
+        known = ", ".join(r.options) or "none"
+        raise RuleLoadError(f"{origin}: rule {r.code} ({r.name}, from {r.source}) has no option '{name}'; "
+                            f"use one of its options: {known}.")
+    return _convert(value, r.options[name], f"{origin}: {r.code}.{name}")
+
+
+def resolve_options(rules: list[Rule], *layers: OptionLayer) -> dict[str, dict[str, Any]]:
+    """Merge option layers (later wins) under each rule's code, checking each against the rule's options and types."""
     merged: dict[str, dict[str, Any]] = {}
     for origin, layer in layers:
-        for code, values in layer.items():
-            r = by_code.get(code)
-            if r is None:
-                raise RuleLoadError(f"{origin}: sets options for rule {code}, but no loaded rule has that code; fix the "
-                                    "code, or load the rule with --rules or [tool.gpudoctor] rules.")
+        for key, values in layer.items():
+            r = _rule_for(rules, key, origin)
             for name, value in values.items():
-                if name not in r.options:
-                    known = ", ".join(r.options) or "none"
-                    raise RuleLoadError(f"{origin}: rule {code} ({r.name}, from {r.source}) has no option '{name}'; "
-                                        f"use one of its options: {known}.")
-                merged.setdefault(code, {})[name] = _convert(value, r.options[name], f"{origin}: {code}.{name}")
+                merged.setdefault(r.code, {})[name] = _checked(r, name, value, origin)
     return merged

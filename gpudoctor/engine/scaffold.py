@@ -5,9 +5,10 @@ from __future__ import annotations
 import keyword
 from pathlib import Path
 
-from gpudoctor.engine import CATEGORIES, CODE_PATTERN, NAME_PATTERN
+from gpudoctor.engine.api import CATEGORIES, NAME_PATTERN, REQUIRED_SECTIONS, check_code
+from gpudoctor.engine.loading import BUILTIN_PREFIX
+from gpudoctor.engine.retired import refuse_retired
 from gpudoctor.errors import OutputNotWritableError, RuleLoadError
-from gpudoctor.loading import BUILTIN_PREFIX
 
 DEFAULT_NAME = "long-data-wait"
 
@@ -21,6 +22,8 @@ from collections.abc import Iterator
 from gpudoctor import Finding, Run, rule
 
 
+# The docstring is the rule's documentation (`gpudoctor rules explain {code}`): a summary line, then the
+# paragraphs {sections}; gpudoctor refuses to load a rule without one of them.
 @rule("{code}", "{name}", category="{category}", severity="warning")
 def {function}(run: Run, max_wait_s: float = 0.2) -> Iterator[Finding]:
     """Steps wait longer than `max_wait_s` seconds for their next batch.
@@ -78,9 +81,8 @@ def test_the_threshold_is_an_option(tmp_path):
 
 
 def _check(code: str, name: str, category: str) -> None:
-    if not CODE_PATTERN.match(code):
-        raise RuleLoadError(f"rule code '{code}' is malformed: use a prefix of capital letters and three digits, "
-                            "e.g. ACME101.")
+    check_code(code, "")
+    refuse_retired(code, "gpudoctor rules new", "is never given to another rule; choose another code")
     if code.startswith(BUILTIN_PREFIX):
         raise RuleLoadError(f"rule code {code} uses the prefix GD, which is reserved for gpudoctor's built-in rules; "
                             "give your team's rules their own prefix, e.g. ACME101.")
@@ -88,6 +90,12 @@ def _check(code: str, name: str, category: str) -> None:
         raise RuleLoadError(f"rule name '{name}' must be kebab-case, e.g. --name loader-starves-gpu.")
     if category not in CATEGORIES:
         raise RuleLoadError(f"category '{category}' is unknown; use one of: {', '.join(CATEGORIES)}.")
+
+
+def _sections() -> str:
+    """'"What it detects:", "Why it matters:" and "Fix:"'."""
+    quoted = [f'"{s}:"' for s in REQUIRED_SECTIONS]
+    return ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def new_rule(code: str, name: str = DEFAULT_NAME, category: str = "data_starvation",
@@ -105,7 +113,7 @@ def new_rule(code: str, name: str = DEFAULT_NAME, category: str = "data_starvati
         directory.mkdir(parents=True, exist_ok=True)
         for path, template in files.items():
             path.write_text(template.format(code=code, name=name, category=category, function=function,
-                                            module=module), encoding="utf-8")
+                                            module=module, sections=_sections()), encoding="utf-8")
     except OSError as exc:
         raise OutputNotWritableError(f"cannot write the rule into {directory} ({exc.strerror}).") from None
     return list(files)

@@ -1,0 +1,115 @@
+"""The records of findings.json: a finding, a rule that could not be evaluated, a rule that failed.
+
+The engine makes them, the report and the command line read them, and `to_json()` gives each as findings.json
+holds it (gpudoctor/schemas/findings.schema.json): the same keys, in the same order. `from_json()` reads one
+back and checks its types; a record that does not fit raises BundleError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, TypeVar, cast
+
+import msgspec
+
+from gpudoctor.errors import BundleError
+
+Share = Annotated[float, msgspec.Meta(ge=0, le=1)]  # of step time
+EvidenceValue = str | int | float | bool | None
+
+_Self = TypeVar("_Self", bound="_JsonRecord")
+
+
+class _JsonRecord(msgspec.Struct, kw_only=True, frozen=True):
+    """A record with a plain-JSON form; keys unknown to this version (from a newer gpudoctor) are ignored."""
+
+    what: ClassVar[str] = "record"  # how an error message calls it
+
+    def to_json(self) -> dict[str, Any]:
+        # enc_hook=str: an evidence value of another type is written as its text, as json.dumps(default=str) did
+        return cast("dict[str, Any]", msgspec.to_builtins(self, enc_hook=str))
+
+    @classmethod
+    def from_json(cls: type[_Self], data: Mapping[str, Any]) -> _Self:
+        try:
+            return msgspec.convert(data, cls)
+        except msgspec.ValidationError as exc:
+            raise BundleError(f"findings.json: a {cls.what} is not valid: {_sentence(str(exc))}.") from None
+
+
+def _sentence(message: str) -> str:
+    """msgspec's 'Expected `int`, got `str` - at `$.count`' as part of one sentence."""
+    return (message[:1].lower() + message[1:]).replace(" - at ", " at ")
+
+
+class Evidence(_JsonRecord, kw_only=True, frozen=True):
+    """One measurement behind a finding: `value` in `unit` (None for a count or a plain value)."""
+
+    name: str
+    value: EvidenceValue
+    unit: str | None = None
+
+
+class FindingLocation(_JsonRecord, kw_only=True, frozen=True):
+    """The line in the user's code that causes a finding."""
+
+    file: str
+    line: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+class FindingWindow(_JsonRecord, kw_only=True, frozen=True):
+    """How a finding looked in one profiling window of a run profiled with --every."""
+
+    index: Annotated[int, msgspec.Meta(ge=0)]
+    impact: Share | None
+    severity: str
+
+
+class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
+    """One finding: which rule, what it found, what it costs (`impact`, a share of step time, or None with
+    `impact_reason`), the evidence, where, and the fix. `windows` is set only for a run with several windows."""
+
+    what: ClassVar[str] = "finding"
+    code: str
+    name: str
+    category: str
+    severity: str
+    title: str
+    impact: Share | None
+    impact_reason: str | None = None
+    evidence: list[Evidence]
+    location: FindingLocation | None
+    fix: str
+    count: Annotated[int, msgspec.Meta(ge=1)] = 1
+    doc: str = ""
+    windows: list[FindingWindow] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        plain = super().to_json()
+        if self.windows is None:
+            del plain["windows"]  # findings.json has the key only for a run profiled in several windows
+        return plain
+
+
+class NotEvaluatedRecord(_JsonRecord, kw_only=True, frozen=True):
+    """A rule that could not run: the data it needs was not collected (`reason` says which)."""
+
+    what: ClassVar[str] = "not-evaluated row"
+    code: str
+    name: str
+    reason: str
+
+
+class RuleErrorRecord(_JsonRecord, kw_only=True, frozen=True):
+    """A rule that raised while it ran; the other rules still ran."""
+
+    what: ClassVar[str] = "rule error row"
+    code: str
+    name: str
+    source: str
+    error: str
+    traceback: str = ""
