@@ -22,6 +22,8 @@ Times are seconds, sizes bytes, CPU in cores; every step starts where the previo
 
 `load_fixture(name)` opens a bundle recorded on a GPU (fixtures/bundles/NAME, or packed in a .tar.gz
 there); `run_rule`, `assert_fires`, `assert_silent` and `assert_not_evaluated` run one rule on a run.
+`read_expectations` reads the `# expect:` comments a fixture script writes on the lines its findings must
+point at, and `check_findings` compares findings with them (gpudoctor.testing.expectations has the format).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from gpudoctor.testing.assertions import (
     RuleRaised, assert_fires, assert_not_evaluated, assert_silent, evaluate, run_rule,
 )
 from gpudoctor.testing.builder import BundleBuilder
+from gpudoctor.testing.expectations import (
+    Expectation, ExpectationError, Expectations, Mismatch, check_findings, parse_expectations, read_expectations,
+)
 from gpudoctor.testing.fixtures import FIXTURES_ENV, available_fixtures, fixture_path, load_fixture
 
 __all__ = [
-    "FIXTURES_ENV", "BundleBuilder", "RuleRaised", "assert_fires", "assert_not_evaluated", "assert_silent",
-    "available_fixtures", "evaluate", "fixture_path", "load_fixture", "run_rule",
+    "FIXTURES_ENV", "BundleBuilder", "Expectation", "ExpectationError", "Expectations", "Mismatch", "RuleRaised",
+    "assert_fires", "assert_not_evaluated", "assert_silent", "available_fixtures", "check_findings", "evaluate",
+    "fixture_path", "load_fixture", "parse_expectations", "read_expectations", "run_rule",
 ]
