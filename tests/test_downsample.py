@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from gpudoctor.bundle import read_jsonl
-from gpudoctor.collect.downsample import (
-    DEFAULT_POLICY, Policy, Tier, compact_file, highest, lowest, merge_records, plan,
-)
+from gpudoctor.bundle.buckets import highest, lowest, merge_records
+from gpudoctor.bundle.compaction import compact_file
+from gpudoctor.bundle.tiers import DEFAULT_POLICY, Policy, Tier, plan
 from gpudoctor.errors import BundleError
 
 T0 = 1_700_000_000.0  # the first sample's time
@@ -278,7 +278,7 @@ def test_a_failed_rewrite_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch:
     def crash(*args: Any) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr("gpudoctor.collect.downsample.os.replace", crash)
+    monkeypatch.setattr("gpudoctor.bundle.compaction.os.replace", crash)
     with pytest.raises(OSError):
         compact_file(path, "host", T0 + 20 * 60)
     assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["host.jsonl"]

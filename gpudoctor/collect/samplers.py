@@ -5,7 +5,7 @@ measure. Each sample is one JSON line, written as soon as it is taken. Counters 
 totals (CPU seconds, context switches, swap bytes); analysis turns them into rates. How the host and the
 tree are read is in proc_readers.
 
-For a run of hours the files stay bounded: every few minutes each one is compacted (collect.downsample),
+For a run of hours the files stay bounded: every few minutes each one is compacted (bundle.compaction),
 older samples merged into coarser rows that keep their extremes, except around the profiling windows,
 whose samples stay as they were taken.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.bundle import EVENTS, SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
-from gpudoctor.collect.downsample import compact_file
+from gpudoctor.bundle.compaction import compact_file
 from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
 from gpudoctor.collect.proc_readers import PROCFS, ProcFiles, Reader, held_files_budget, host_reader, tree_reader
 
