@@ -59,7 +59,7 @@ MB = 1e6
 KINDS = ("host", "procs", "gpu")
 
 
-# -- rows, shaped as proc_readers and nvml write them -----------------------------------------------------
+# -- rows, shaped as collect.procfs and nvml write them ---------------------------------------------------
 class HostRows:
     CORES = 16
     MEM_TOTAL = 270_000_000_000

@@ -12,11 +12,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpudoctor.collect import proc_readers
-from gpudoctor.collect.proc_readers import ProcFiles, ProcfsHost, ProcfsTree, PsutilHost, PsutilTree
+from gpudoctor.collect import procfs, readers
+from gpudoctor.collect.procfiles import PROCFS, ProcFiles
+from gpudoctor.collect.procfs import ProcfsHost, ProcfsTree
+from gpudoctor.collect.psutil_readers import PsutilHost, PsutilTree
 from gpudoctor.collect.samplers import HostSampler
 
-pytestmark = pytest.mark.skipif(not proc_readers.PROCFS, reason="reads /proc (Linux)")
+pytestmark = pytest.mark.skipif(not PROCFS, reason="reads /proc (Linux)")
 
 # A worker: one extra thread, then waits until its parent closes its stdin (or dies).
 WORKER = (
@@ -137,21 +139,21 @@ def test_busy_percent_is_psutils_formula() -> None:
     before = [100, 0, 50, 1000, 20, 0, 0, 0, 10, 0]
     after = [160, 0, 70, 1100, 15, 0, 0, 0, 30, 0]
     # deltas 60 user, 20 system, 100 idle, iowait counted as 0, 20 guest (already in user): 80 busy of 180
-    assert proc_readers._busy_percent(before, after) == round(80 / 180 * 100, 1)
+    assert procfs._busy_percent(before, after) == round(80 / 180 * 100, 1)
 
 
 def test_a_worker_started_later_is_found_within_the_walk_interval(tree: Tree, monkeypatch) -> None:
-    monkeypatch.setattr(proc_readers, "NEW_PIDS_MAX", 0)  # only the walk of the whole tree can find it
+    monkeypatch.setattr(procfs, "NEW_PIDS_MAX", 0)  # only the walk of the whole tree can find it
     reader = ProcfsTree(ProcFiles(64), tree.pid)
     reader.sample()
     worker = tree.spawn()
-    assert _found_within(reader, worker, proc_readers.REDISCOVER_S + 0.5)
+    assert _found_within(reader, worker, procfs.REDISCOVER_S + 0.5)
 
 
 def test_a_worker_started_later_is_found_by_its_new_pid(tree: Tree, monkeypatch) -> None:
-    monkeypatch.setattr(proc_readers, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
+    monkeypatch.setattr(procfs, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
     # However many pids other programs on this host take meanwhile, every new one is looked at.
-    monkeypatch.setattr(proc_readers, "NEW_PIDS_MAX", 1_000_000)
+    monkeypatch.setattr(procfs, "NEW_PIDS_MAX", 1_000_000)
     reader = ProcfsTree(ProcFiles(64), tree.pid)
     reader.sample()
     worker = tree.spawn()
@@ -221,7 +223,7 @@ ORPHANING_ROOT = (
 
 
 def test_a_process_re_parented_away_leaves_the_tree_at_the_next_sample(monkeypatch) -> None:
-    monkeypatch.setattr(proc_readers, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
+    monkeypatch.setattr(procfs, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
     root = subprocess.Popen([sys.executable, "-c", ORPHANING_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     middle, grandchild = map(int, root.stdout.readline().split())
@@ -273,12 +275,12 @@ def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:
 
 
 def test_psutil_reads_the_tree_where_proc_cannot(tree: Tree) -> None:
-    assert isinstance(proc_readers.tree_reader(None, tree.pid), PsutilTree)
-    assert isinstance(proc_readers.host_reader(None), PsutilHost)
-    assert isinstance(proc_readers.tree_reader(ProcFiles(64), tree.pid), ProcfsTree)
+    assert isinstance(readers.tree_reader(None, tree.pid), PsutilTree)
+    assert isinstance(readers.host_reader(None), PsutilHost)
+    assert isinstance(readers.tree_reader(ProcFiles(64), tree.pid), ProcfsTree)
     tree.root.kill()
     tree.root.wait()
-    assert proc_readers.tree_reader(ProcFiles(64), tree.pid) is None
+    assert readers.tree_reader(ProcFiles(64), tree.pid) is None
 
 
 # -- long runs: compaction and the profiling windows ------------------------------------------------

@@ -3,7 +3,7 @@
 They run here, never in the script's process, so that sampling cannot add GIL contention to what we
 measure. Each sample is one JSON line, written as soon as it is taken. Counters are written as running
 totals (CPU seconds, context switches, swap bytes); analysis turns them into rates. How the host and the
-tree are read is in proc_readers.
+tree are read is in collect.readers.
 
 For a run of hours the files stay bounded: every few minutes each one is compacted (bundle.compaction),
 older samples merged into coarser rows that keep their extremes, except around the profiling windows,
@@ -21,7 +21,8 @@ from typing import Any
 from gpudoctor.bundle import EVENTS, SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
 from gpudoctor.bundle.compaction import compact_file
 from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
-from gpudoctor.collect.proc_readers import PROCFS, ProcFiles, Reader, held_files_budget, host_reader, tree_reader
+from gpudoctor.collect.procfiles import PROCFS, ProcFiles, held_files_budget
+from gpudoctor.collect.readers import Reader, host_reader, tree_reader
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
 # Compacting reads a file twice: every 5 minutes, the three files cost about 0.2% of a core over a day

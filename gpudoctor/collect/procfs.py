@@ -1,149 +1,28 @@
-"""Readers of the host and of the script's process tree, for the host sampler.
+"""Readers of the host and of the script's process tree from /proc (Linux).
 
-On Linux the host and the tree are read from /proc directly: each file is opened once and read again
-with one `pread` per sample. Instead of scanning every process on the host at each sample, the tree is
-walked through /proc/PID/task/TID/children once a second, and in between only the pids handed out since
-the last sample are looked at. Elsewhere psutil does the same work. The rows have the same fields
-either way.
+Each file is opened once and read again with one `pread` per sample (collect.procfiles). Instead of scanning
+every process on the host at each sample, the tree is walked through /proc/PID/task/TID/children once a
+second, and in between only the pids handed out since the last sample are looked at. The rows have the fields
+that psutil's readers (collect.psutil_readers) give.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import defaultdict
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
+from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file
+
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
 NEW_PIDS_MAX = 32  # more new pids than this since the last sample are left to the next walk of the tree
-HELD_FILES_MAX = 512  # /proc files kept open between samples, at most (and at most a quarter of the fd limit)
-PID_READ_SIZE = 8192  # first read size for a /proc/PID file (stat, status and children are shorter)
 HOST_READ_SIZE = 65536  # first read size for /proc/stat and /proc/vmstat; a longer file is read again whole
 
-PROCFS = sys.platform.startswith("linux") and os.path.isdir("/proc/self/task")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if PROCFS else 100
 SWAP_PAGE = 4096  # /proc/vmstat counts pswpin and pswpout in 4 KiB pages
-
-
-class Reader(Protocol):
-    def sample(self) -> Any: ...
-
-    def close(self) -> None: ...
-
-
-def host_reader(files: ProcFiles | None) -> Reader:
-    if files is not None:
-        try:
-            return ProcfsHost(files)
-        except (OSError, ValueError):  # a /proc without some of these files (some sandboxes): psutil copes
-            pass
-    return PsutilHost()
-
-
-def tree_reader(files: ProcFiles | None, pid: int) -> Reader | None:
-    if files is not None:
-        try:
-            return ProcfsTree(files, pid)
-        except (OSError, ValueError):  # the script has exited, or /proc lacks a file: psutil tells which
-            pass
-    try:
-        return PsutilTree(pid)
-    except psutil.Error:  # the script has already exited
-        return None
-
-
-# -- /proc (Linux) -------------------------------------------------------------------------------------
-
-
-def held_files_budget() -> int:
-    import resource  # POSIX only
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return HELD_FILES_MAX if soft == resource.RLIM_INFINITY else min(HELD_FILES_MAX, soft // 4)
-
-
-class ProcFiles:
-    """Opens /proc files to be read again and again, holding at most `budget` of them open at once."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.held = 0
-
-    def open(self, path: str, size: int = PID_READ_SIZE) -> HeldFile | PathFile:
-        """Raises OSError when the file does not exist (its process or thread has exited)."""
-        if self.held < self.budget:
-            return HeldFile(self, path, size)
-        return PathFile(path, size)
-
-    def open_all(self, *paths: str, size: int = PID_READ_SIZE) -> list[HeldFile | PathFile]:
-        """All of them, or OSError with none left open."""
-        opened = []
-        try:
-            for path in paths:
-                opened.append(self.open(path, size))
-        except OSError:
-            for file in opened:
-                file.close()
-            raise
-        return opened
-
-
-class HeldFile:
-    """A /proc file kept open. A pread at offset 0 returns its current content in one system call; once its
-    process (or thread) has exited, reads fail, even if the pid has been given to another process since."""
-
-    __slots__ = ("_fd", "_size", "_files")
-
-    def __init__(self, files: ProcFiles, path: str, size: int) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-        self._size, self._files = size, files
-        files.held += 1
-
-    def read(self) -> bytes:
-        data, self._size = _read_whole(self._fd, self._size)
-        return data
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self._files.held -= 1
-
-
-class PathFile:
-    """A /proc file opened for each read, once the budget of held files is spent."""
-
-    __slots__ = ("_path", "_size")
-
-    def __init__(self, path: str, size: int) -> None:
-        os.stat(path)
-        self._path, self._size = path, size
-
-    def read(self) -> bytes:
-        return _read_file(self._path, self._size)
-
-    def close(self) -> None:
-        pass
-
-
-def _read_file(path: str, size: int = PID_READ_SIZE) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return _read_whole(fd, size)[0]
-    finally:
-        os.close(fd)
-
-
-def _read_whole(fd: int, size: int) -> tuple[bytes, int]:
-    """The file's content, and the read size that held all of it."""
-    data = os.pread(fd, size, 0)
-    while len(data) == size:
-        size *= 4
-        data = os.pread(fd, size, 0)
-    return data, size
 
 
 def _stat_fields(stat: bytes) -> tuple[bytes, list[bytes]]:
@@ -310,14 +189,14 @@ def _last_pid(loadavg: bytes) -> int:
 def _parent_pid(pid: int) -> int | None:
     """For a thread's id, the parent of its process."""
     try:
-        return int(_stat_fields(_read_file(f"/proc/{pid}/stat"))[1][1])
+        return int(_stat_fields(read_file(f"/proc/{pid}/stat"))[1][1])
     except OSError:
         return None
 
 
 def _is_process(pid: int) -> bool:
     try:
-        return _status_count(_read_file(f"/proc/{pid}/status"), b"\nTgid:") == pid
+        return _status_count(read_file(f"/proc/{pid}/status"), b"\nTgid:") == pid
     except OSError:
         return False
 
@@ -328,7 +207,7 @@ def _children_by_scan() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                _, fields = _stat_fields(_read_file(f"/proc/{entry}/stat"))
+                _, fields = _stat_fields(read_file(f"/proc/{entry}/stat"))
             except OSError:
                 continue
             children[int(fields[1])].append(int(entry))
@@ -442,68 +321,10 @@ def _process_name(pid: int, comm: str) -> str:
     if len(comm) < 15:
         return comm
     try:
-        cmdline = _read_file(f"/proc/{pid}/cmdline")
+        cmdline = read_file(f"/proc/{pid}/cmdline")
     except OSError:
         return comm
     args = cmdline[:-1].split(b"\0") if cmdline.endswith(b"\0") else [cmdline]
     first = args[0] if len(args) > 1 else args[0].split(b" ")[0]
     full = os.path.basename(os.fsdecode(first))
     return full if full.startswith(comm) else comm
-
-
-# -- psutil (other systems) ----------------------------------------------------------------------------
-
-
-class PsutilHost:
-    def __init__(self) -> None:
-        psutil.cpu_percent(percpu=True)  # the first call only sets the baseline
-
-    def sample(self) -> dict[str, Any]:
-        memory, swap = psutil.virtual_memory(), psutil.swap_memory()
-        return {
-            "cpu_pct": psutil.cpu_percent(percpu=True), "load": list(psutil.getloadavg()),
-            "mem_total": memory.total, "mem_available": memory.available,
-            "swap_used": swap.used, "swap_in": swap.sin, "swap_out": swap.sout,
-        }
-
-    def close(self) -> None:
-        pass
-
-
-class PsutilTree:
-    def __init__(self, root: int) -> None:
-        self._root = psutil.Process(root)
-        self._known: dict[int, psutil.Process] = {}
-
-    def sample(self) -> list[dict[str, Any]]:
-        try:
-            members = [self._root, *self._root.children(recursive=True)]
-        except psutil.Error:  # the root has exited
-            members = []
-        # Keep one Process object per pid so psutil can tell a reused pid from the same process.
-        current = {p.pid: self._known.get(p.pid, p) for p in members}
-        self._known = current
-        rows = []
-        for process in current.values():
-            row = _psutil_process_sample(process)
-            if row is not None:
-                rows.append(row)
-        return rows
-
-    def close(self) -> None:
-        pass
-
-
-def _psutil_process_sample(process: psutil.Process) -> dict[str, Any] | None:
-    try:
-        with process.oneshot():
-            times = process.cpu_times()
-            switches = process.num_ctx_switches()
-            return {
-                "pid": process.pid, "ppid": process.ppid(), "name": process.name(),
-                "cpu_s": times.user + times.system, "rss": process.memory_info().rss,
-                "threads": process.num_threads(), "ctx_vol": switches.voluntary, "ctx_invol": switches.involuntary,
-                "thread_cpu": {str(th.id): th.user_time + th.system_time for th in process.threads()},
-            }
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return None

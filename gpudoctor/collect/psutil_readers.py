@@ -1,0 +1,63 @@
+"""Readers of the host and of the script's process tree through psutil, where /proc cannot be read directly
+(other systems, or a /proc without some of its files). Their rows have the fields of collect.procfs's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+
+
+class PsutilHost:
+    def __init__(self) -> None:
+        psutil.cpu_percent(percpu=True)  # the first call only sets the baseline
+
+    def sample(self) -> dict[str, Any]:
+        memory, swap = psutil.virtual_memory(), psutil.swap_memory()
+        return {
+            "cpu_pct": psutil.cpu_percent(percpu=True), "load": list(psutil.getloadavg()),
+            "mem_total": memory.total, "mem_available": memory.available,
+            "swap_used": swap.used, "swap_in": swap.sin, "swap_out": swap.sout,
+        }
+
+    def close(self) -> None:
+        pass
+
+
+class PsutilTree:
+    def __init__(self, root: int) -> None:
+        self._root = psutil.Process(root)
+        self._known: dict[int, psutil.Process] = {}
+
+    def sample(self) -> list[dict[str, Any]]:
+        try:
+            members = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:  # the root has exited
+            members = []
+        # Keep one Process object per pid so psutil can tell a reused pid from the same process.
+        current = {p.pid: self._known.get(p.pid, p) for p in members}
+        self._known = current
+        rows = []
+        for process in current.values():
+            row = _psutil_process_sample(process)
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def close(self) -> None:
+        pass
+
+
+def _psutil_process_sample(process: psutil.Process) -> dict[str, Any] | None:
+    try:
+        with process.oneshot():
+            times = process.cpu_times()
+            switches = process.num_ctx_switches()
+            return {
+                "pid": process.pid, "ppid": process.ppid(), "name": process.name(),
+                "cpu_s": times.user + times.system, "rss": process.memory_info().rss,
+                "threads": process.num_threads(), "ctx_vol": switches.voluntary, "ctx_invol": switches.involuntary,
+                "thread_cpu": {str(th.id): th.user_time + th.system_time for th in process.threads()},
+            }
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None

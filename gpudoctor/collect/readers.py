@@ -1,0 +1,45 @@
+"""Readers of the host and of the script's process tree, for the host sampler.
+
+On Linux the host and the tree are read from /proc directly (collect.procfs): each file is opened once and read
+again with one `pread` per sample (collect.procfiles). Instead of scanning every process on the host at each
+sample, the tree is walked through /proc/PID/task/TID/children once a second, and in between only the pids
+handed out since the last sample are looked at. Elsewhere psutil does the same work (collect.psutil_readers).
+The rows have the same fields either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import psutil
+
+from gpudoctor.collect.procfiles import ProcFiles
+from gpudoctor.collect.procfs import ProcfsHost, ProcfsTree
+from gpudoctor.collect.psutil_readers import PsutilHost, PsutilTree
+
+
+class Reader(Protocol):
+    def sample(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def host_reader(files: ProcFiles | None) -> Reader:
+    if files is not None:
+        try:
+            return ProcfsHost(files)
+        except (OSError, ValueError):  # a /proc without some of these files (some sandboxes): psutil copes
+            pass
+    return PsutilHost()
+
+
+def tree_reader(files: ProcFiles | None, pid: int) -> Reader | None:
+    if files is not None:
+        try:
+            return ProcfsTree(files, pid)
+        except (OSError, ValueError):  # the script has exited, or /proc lacks a file: psutil tells which
+            pass
+    try:
+        return PsutilTree(pid)
+    except psutil.Error:  # the script has already exited
+        return None
