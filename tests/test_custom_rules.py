@@ -1,6 +1,6 @@
 """Custom rules as a team writes them: loading (files, directories, modules, pyproject.toml, installed
-packages), the messages of every load failure, isolation of a rule that crashes, and `gpudoctor rules
-list / explain / new`."""
+packages), the messages of every load failure, isolation of a rule that crashes, `gpudoctor rules
+list / explain / new`, renamed rules (aliases), retired codes and the sections of a rule's docstring."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from conftest import REPO, Gpudoctor, env_with
 
 import gpudoctor
 import gpudoctor.analysis
+import gpudoctor.cli
+import gpudoctor.engine.retired
 from gpudoctor.diagnose import RuleSelection, prepare_rules
 from gpudoctor.engine import builtin_rules, load_rules, run_rules
 from gpudoctor.errors import RuleLoadError
-from gpudoctor.testing import BundleBuilder, load_fixture
+from gpudoctor.testing import BundleBuilder, load_fixture, run_rule
 
 STARVED = str(REPO / "fixtures" / "bundles" / "data_starvation_bad")
 
@@ -371,3 +373,126 @@ def test_the_public_api_is_typed_and_importable() -> None:
 
     for name in gpudoctor.analysis.__all__:  # documented by hand, not dataclass's generated "Step(index: int, ...)"
         assert not getattr(gpudoctor.analysis, name).__doc__.startswith(f"{name}("), name
+
+
+# -- renamed rules: their old codes and names (aliases) work everywhere ------------------------------
+RENAMED = RULE.replace('@rule("ACME101", "slow-loader-wait", category="data_starvation")',
+                       '@rule("ACME201", "long-data-wait", category="data_starvation", '
+                       'aliases=("ACME101", "slow-loader-wait"))')
+
+
+def test_select_and_ignore_match_a_renamed_rules_old_code(tmp_path: Path) -> None:
+    rule_file = str(write(tmp_path, "renamed.py", RENAMED))
+    selected = prepare_rules(RuleSelection(paths=(rule_file,), select=("ACME1",)), project_dir=tmp_path).rules
+    assert [r.code for r in selected] == ["ACME201"]
+    ignored = prepare_rules(RuleSelection(paths=(rule_file,), ignore=("ACME101", "GD")), project_dir=tmp_path).rules
+    assert ignored == []
+
+
+def test_options_set_under_an_old_code_reach_the_renamed_rule(tmp_path: Path) -> None:
+    rule_file = write(tmp_path, "renamed.py", RENAMED)
+    write(tmp_path, "pyproject.toml", "[tool.gpudoctor.rules.ACME101]\nmax_wait_s = 0.1\nsteps = 2\n")
+    selection = RuleSelection(paths=(str(rule_file),), options=("ACME101.max_wait_s=0.3", "slow-loader-wait.strict=1"))
+    options = prepare_rules(selection, project_dir=tmp_path).options
+    assert options == {"ACME201": {"max_wait_s": 0.3, "steps": 2, "strict": True}}
+
+
+def test_rules_explain_finds_a_renamed_rule_by_its_old_code(gd: Gpudoctor) -> None:
+    write(gd.cwd, "renamed.py", RENAMED)
+    result = gd.run("rules", "explain", "ACME101", "--rules", "renamed.py")
+    assert result.returncode == 0, result
+    assert result.stdout.startswith("ACME201 long-data-wait (data_starvation, warning) from file:renamed.py  "
+                                    "(formerly ACME101, slow-loader-wait)")
+
+
+def test_gpudoctor_testing_finds_a_renamed_rule_by_its_old_code(tmp_path: Path, monkeypatch) -> None:
+    from gpudoctor.testing import assertions
+
+    [renamed] = load_rules([str(write(tmp_path, "renamed.py", RENAMED))], builtins=False, packages=False)
+    monkeypatch.setattr(assertions, "load_rules", lambda specs=(): [renamed])
+    b = BundleBuilder(tmp_path / "bundle")
+    b.loader(num_workers=2, site=("train.py", 40, "main"))
+    b.steps(4, wall_s=0.5, data_wait_s=0.3)
+    for old in ("ACME101", "slow-loader-wait", "acme201"):
+        assert [f["code"] for f in run_rule(old, b.build())] == ["ACME201"]
+
+
+def test_an_alias_that_is_another_rules_code_is_refused(tmp_path: Path) -> None:
+    renamed = write(tmp_path, "renamed.py", RENAMED)
+    other = write(tmp_path, "other.py", a_rule("ACME101", "other-rule"))
+    assert load_error(str(renamed), str(other)) == (
+        f"file:{other}: rule ACME101 (other-rule) and rule ACME201 (long-data-wait, from file:{renamed}) both answer "
+        "to ACME101 (a code or an alias); give one of them another.")
+
+
+# -- retired codes ---------------------------------------------------------------------------------
+WHY = "It fired on every run with workers; ACME201 (long-data-wait) replaces it."
+
+
+@pytest.fixture
+def retired_acme150(monkeypatch) -> str:
+    """ACME150 in the table of retired codes, for the length of a test."""
+    monkeypatch.setitem(gpudoctor.engine.retired.RETIRED, "ACME150", WHY)
+    return "ACME150"
+
+
+def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """`gpudoctor ARGS` in this process (so that a monkeypatched table holds): its exit status, stdout, stderr."""
+    monkeypatch.setattr(sys, "argv", ["gpudoctor", *args])
+    with pytest.raises(SystemExit) as ended:
+        gpudoctor.cli.main()
+    captured = capsys.readouterr()
+    return ended.value.code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(("selection", "message"), [
+    (RuleSelection(select=("ACME150",)), ("select: ACME150 is a retired rule code and selects no rule; remove it "
+                                          "from --select and from [tool.gpudoctor] select in pyproject.toml. ")),
+    (RuleSelection(ignore=("acme150",)), ("ignore: ACME150 is a retired rule code and ignores no rule; remove it "
+                                          "from --ignore and from [tool.gpudoctor] ignore in pyproject.toml. ")),
+    (RuleSelection(options=("ACME150.max_wait_s=0.1",)), ("--rule-option: ACME150 is a retired rule code and has no "
+                                                           "options; remove the options set for ACME150. ")),
+])
+def test_a_retired_code_is_refused_in_select_ignore_and_options(tmp_path: Path, retired_acme150: str,
+                                                                selection: RuleSelection, message: str) -> None:
+    with pytest.raises(RuleLoadError) as caught:
+        prepare_rules(selection, project_dir=tmp_path)
+    assert str(caught.value) == message + WHY
+
+
+def test_a_retired_code_in_pyproject_options_is_refused(tmp_path: Path, retired_acme150: str) -> None:
+    write(tmp_path, "pyproject.toml", "[tool.gpudoctor.rules.ACME150]\nmax_wait_s = 0.1\n")
+    with pytest.raises(RuleLoadError, match="pyproject.toml: ACME150 is a retired rule code and has no options"):
+        prepare_rules(RuleSelection(), project_dir=tmp_path)
+
+
+def test_a_retired_code_is_never_given_to_another_rule(tmp_path: Path, retired_acme150: str) -> None:
+    path = write(tmp_path, "reuse.py", a_rule("ACME150", "new-rule"))
+    assert load_error(str(path)) == (f"file:{path}: rule ACME150 (new-rule) uses the retired code ACME150, which is "
+                                     f"never given to another rule; choose another code. {WHY}")
+
+
+def test_rules_explain_refuses_a_retired_code_with_status_2(tmp_path: Path, monkeypatch, capsys,
+                                                            retired_acme150: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    status, out, err = _cli(monkeypatch, capsys, "rules", "explain", "acme150")
+    assert (status, out) == (2, "")
+    assert err == f"gpudoctor: rules explain: ACME150 is a retired rule code and names no rule. {WHY}\n"
+
+
+def test_rules_list_shows_the_retired_codes(tmp_path: Path, monkeypatch, capsys, retired_acme150: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = _cli(monkeypatch, capsys, "rules", "list")
+    assert status == 0
+    assert out.splitlines()[-1] == f"ACME150   {'(retired)':<34} {WHY}"
+
+
+# -- the documentation's sections ---------------------------------------------------------------------
+@pytest.mark.parametrize("section", ["What it detects", "Why it matters", "Fix"])
+def test_a_rule_whose_docstring_lacks_a_section_is_refused(tmp_path: Path, section: str) -> None:
+    source = a_rule().replace(f"{section}:", f"{section} -")
+    path = write(tmp_path, "undocumented.py", source)
+    assert load_error(str(path)) == (
+        f"{path}:4: rule ACME101 (slow-loader-wait) has no '{section}:' section in its docstring; document it as "
+        "the built-in rules do: a summary line, then paragraphs starting 'What it detects:', 'Why it matters:' "
+        "and 'Fix:'.")

@@ -1,12 +1,16 @@
-"""The rule engine: isolation, not-evaluated, merging, ranking, and validation at declaration."""
+"""The rule engine: isolation, not-evaluated, merging, ranking, validation at declaration, rules as plain
+functions, and the finding records."""
+
+import json
 
 import pytest
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis.views import Location
+from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.engine import run_rules
-from gpudoctor.errors import RuleLoadError
+from gpudoctor.errors import BundleError, RuleLoadError
 
 
 def empty_run() -> Run:
@@ -97,3 +101,43 @@ def test_a_rule_without_docs_is_refused():
 def test_not_evaluated_is_raised_by_views_not_swallowed_as_pass():
     with pytest.raises(NotEvaluated):
         empty_run().require_steps()
+
+
+# -- a rule is its function ------------------------------------------------------------------------
+def test_a_rule_is_still_its_function_and_can_be_called_on_a_run():
+    found = list(always_fires(empty_run(), impact=0.4))
+    assert [f.title for f in found] == ["fires", "fires again"]
+    assert all(isinstance(f, Finding) and f.impact == 0.4 for f in found)
+    assert (always_fires.rule.code, always_fires.rule.func) == ("TST101", always_fires)
+    assert always_fires.rule.options == {"impact": 0.3}
+
+
+def test_run_rules_takes_rules_or_their_functions():
+    by_function = run_rules(empty_run(), [always_fires]).findings
+    by_rule = run_rules(empty_run(), [always_fires.rule]).findings
+    assert by_function == by_rule
+    with pytest.raises(TypeError, match="not a rule"):
+        run_rules(empty_run(), [lambda run: []])
+
+
+# -- finding records -------------------------------------------------------------------------------
+def test_a_finding_record_is_findings_json_and_back():
+    [record] = run_rules(empty_run(), [always_fires]).findings
+    as_json = record.to_json()
+    assert list(as_json) == ["code", "name", "category", "severity", "title", "impact", "impact_reason", "evidence",
+                             "location", "fix", "count", "doc"]  # findings.json's keys, in its order
+    assert FindingRecord.from_json(as_json) == record
+    assert FindingRecord.from_json(json.loads(json.dumps(as_json))) == record
+
+
+def test_a_finding_record_with_a_wrong_type_is_refused_in_one_sentence():
+    [record] = run_rules(empty_run(), [always_fires]).findings
+    with pytest.raises(BundleError) as caught:
+        FindingRecord.from_json({**record.to_json(), "impact": "high"})
+    assert str(caught.value) == "findings.json: a finding is not valid: expected `float | null`, got `str` at `$.impact`."
+    with pytest.raises(BundleError, match=r"a finding is not valid: .* at `\$.evidence\[0\].value`"):
+        FindingRecord.from_json({**record.to_json(), "evidence": [{"name": "x", "value": [1, 2], "unit": None}]})
+    with pytest.raises(BundleError, match="a not-evaluated row is not valid: object missing required field `reason`"):
+        NotEvaluatedRecord.from_json({"code": "TST103", "name": "needs-gpu"})
+    with pytest.raises(BundleError, match="a rule error row is not valid"):
+        RuleErrorRecord.from_json({"code": "TST102", "name": "raises", "source": "built-in", "error": 3})

@@ -29,3 +29,9 @@ def test_the_limit_is_an_option(tmp_path):
 def test_fires_on_a_recorded_run():
     run = load_fixture("data_starvation_cpu_bound_bad")  # recorded on a GPU: 16 workers, decoding on the CPU
     assert_fires(slow_loader_wait, run, count=1, title="2 of 30 steps")
+
+
+def test_the_rule_is_a_function(tmp_path):
+    [finding] = slow_loader_wait(nfs_run(tmp_path, 0.25), max_wait_s=0.2)  # the Findings it yields, as they are
+    assert finding.location.line == 40 and finding.evidence["longest wait"] == (250.0, "ms")
+    assert slow_loader_wait.rule.options == {"max_wait_s": 0.2}
