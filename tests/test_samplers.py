@@ -87,7 +87,7 @@ def tree():
 
 
 def _rows(reader: ProcfsTree | PsutilTree) -> dict[int, dict]:
-    return {row["pid"]: row for row in reader.sample()}
+    return {row.pid: row.to_json() for row in reader.sample()}
 
 
 def test_process_values_match_psutil(tree: Tree) -> None:
@@ -110,7 +110,7 @@ def test_process_values_match_psutil(tree: Tree) -> None:
 
 
 def test_the_root_comes_first(tree: Tree) -> None:
-    assert ProcfsTree(ProcFiles(64), tree.pid).sample()[0]["pid"] == tree.pid
+    assert ProcfsTree(ProcFiles(64), tree.pid).sample()[0].pid == tree.pid
 
 
 def test_without_held_files_the_values_are_the_same(tree: Tree) -> None:
@@ -124,7 +124,7 @@ def test_without_held_files_the_values_are_the_same(tree: Tree) -> None:
 
 def test_host_values_match_psutil() -> None:
     files = ProcFiles(8)
-    ours, theirs = ProcfsHost(files).sample(), PsutilHost().sample()
+    ours, theirs = ProcfsHost(files).sample(0.0).to_json(), PsutilHost().sample(0.0).to_json()
     assert list(ours) == list(theirs)
     assert len(ours["cpu_pct"]) == psutil.cpu_count() and all(0 <= p <= 100 for p in ours["cpu_pct"])
     for key in ("mem_total", "swap_in", "swap_out"):
@@ -196,9 +196,9 @@ def test_a_thread_that_exits_is_dropped() -> None:
     try:
         process.stdout.readline()
         reader = ProcfsTree(ProcFiles(64), process.pid)
-        assert len(reader.sample()[0]["thread_cpu"]) == 2
+        assert len(reader.sample()[0].thread_cpu) == 2
         time.sleep(0.7)
-        row = reader.sample()[0]
+        row = reader.sample()[0].to_json()
         assert row["threads"] == 1 and list(row["thread_cpu"]) == [str(process.pid)]
     finally:
         process.kill()
@@ -267,7 +267,7 @@ def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:
                                stdout=subprocess.PIPE, text=True)
     try:
         process.stdout.readline()
-        row = ProcfsTree(ProcFiles(64), process.pid).sample()[0]
+        row = ProcfsTree(ProcFiles(64), process.pid).sample()[0].to_json()
         assert row["name"] == psutil.Process(process.pid).name() == "python-with-a-long-name"
     finally:
         process.kill()

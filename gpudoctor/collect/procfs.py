@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from typing import Any
 
 import psutil
+
+from gpudoctor.bundle.samples import HostRow, ProcEntry
 
 from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file
 
@@ -44,7 +45,7 @@ class ProcfsHost:
         self._stat, self._loadavg, self._meminfo, self._vmstat = self._files
         self._last_cores = _core_ticks(self._stat.read())
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self, t: float) -> HostRow:
         cores = _core_ticks(self._stat.read())
         busy = [_busy_percent(before, now) for before, now in zip(self._last_cores, cores)]
         self._last_cores = cores
@@ -52,13 +53,12 @@ class ProcfsHost:
         swap_total = _counter(meminfo, b"SwapTotal:")
         # MemAvailable is missing only before Linux 3.14, where psutil estimates it
         available = _counter(meminfo, b"MemAvailable:") * 1024 or psutil.virtual_memory().available
-        return {
-            "cpu_pct": busy, "load": [float(x) for x in self._loadavg.read().split()[:3]],
-            "mem_total": _counter(meminfo, b"MemTotal:") * 1024,
-            "mem_available": available,
-            "swap_used": (swap_total - _counter(meminfo, b"SwapFree:")) * 1024,
-            "swap_in": _counter(vmstat, b"pswpin ") * SWAP_PAGE, "swap_out": _counter(vmstat, b"pswpout ") * SWAP_PAGE,
-        }
+        return HostRow(
+            t=t, cpu_pct=busy, load=[float(x) for x in self._loadavg.read().split()[:3]],
+            mem_total=_counter(meminfo, b"MemTotal:") * 1024, mem_available=available,
+            swap_used=(swap_total - _counter(meminfo, b"SwapFree:")) * 1024,
+            swap_in=_counter(vmstat, b"pswpin ") * SWAP_PAGE, swap_out=_counter(vmstat, b"pswpout ") * SWAP_PAGE,
+        )
 
     def close(self) -> None:
         for file in self._files:
@@ -105,7 +105,7 @@ class ProcfsTree:
         self._children_files = os.path.exists(f"/proc/{root}/task/{root}/children")
         self._walked_at = float("-inf")
 
-    def sample(self) -> list[dict[str, Any]]:
+    def sample(self) -> list[ProcEntry]:
         if self._root not in self._members:  # the script has exited
             return []
         self._find_new_processes()
@@ -121,9 +121,9 @@ class ProcfsTree:
             return []
         kept = _descendants(rows, self._root)
         for row in rows:
-            if row["pid"] not in kept:  # re-parented away (its parent exited): no longer the script's
-                self._drop(row["pid"])
-        return [row for row in rows if row["pid"] in kept]
+            if row.pid not in kept:  # re-parented away (its parent exited): no longer the script's
+                self._drop(row.pid)
+        return [row for row in rows if row.pid in kept]
 
     def close(self) -> None:
         for pid in list(self._members):
@@ -170,11 +170,11 @@ class ProcfsTree:
         self._members.pop(pid).close()
 
 
-def _descendants(rows: list[dict[str, Any]], root: int) -> set[int]:
+def _descendants(rows: list[ProcEntry], root: int) -> set[int]:
     """The pids among rows that descend from root through parents also among rows."""
-    children: dict[int, list[int]] = defaultdict(list)
+    children: dict[int | None, list[int]] = defaultdict(list)
     for row in rows:
-        children[row["ppid"]].append(row["pid"])
+        children[row.ppid].append(row.pid)
     found = [root]
     for pid in found:  # grows as children are found
         found.extend(child for child in children[pid] if child != root)
@@ -225,7 +225,7 @@ class TrackedProcess:
         self._children: dict[str, HeldFile | PathFile] = {}
         self._comm, self._name = b"", ""
 
-    def sample(self) -> dict[str, Any] | None:
+    def sample(self) -> ProcEntry | None:
         """None once the process has exited."""
         try:
             comm, fields = _stat_fields(self._stat.read())
@@ -235,13 +235,12 @@ class TrackedProcess:
                 self._list_threads()
         except OSError:
             return None
-        return {
-            "pid": self.pid, "ppid": int(fields[1]), "name": self._name_of(comm),
-            "cpu_s": _tick_seconds(fields[11], fields[12]), "rss": _resident_bytes(status), "threads": threads,
-            "ctx_vol": _status_count(status, b"\nvoluntary_ctxt_switches:"),
-            "ctx_invol": _status_count(status, b"\nnonvoluntary_ctxt_switches:"),
-            "thread_cpu": self._thread_cpu(),
-        }
+        return ProcEntry(
+            pid=self.pid, ppid=int(fields[1]), name=self._name_of(comm), cpu_s=_tick_seconds(fields[11], fields[12]),
+            rss=_resident_bytes(status), threads=threads,
+            ctx_vol=_status_count(status, b"\nvoluntary_ctxt_switches:"),
+            ctx_invol=_status_count(status, b"\nnonvoluntary_ctxt_switches:"), thread_cpu=self._thread_cpu(),
+        )
 
     def _list_threads(self) -> None:
         tids = sorted(os.listdir(f"/proc/{self.pid}/task"))

@@ -3,22 +3,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import psutil
+
+from gpudoctor.bundle.samples import HostRow, ProcEntry
 
 
 class PsutilHost:
     def __init__(self) -> None:
         psutil.cpu_percent(percpu=True)  # the first call only sets the baseline
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self, t: float) -> HostRow:
         memory, swap = psutil.virtual_memory(), psutil.swap_memory()
-        return {
-            "cpu_pct": psutil.cpu_percent(percpu=True), "load": list(psutil.getloadavg()),
-            "mem_total": memory.total, "mem_available": memory.available,
-            "swap_used": swap.used, "swap_in": swap.sin, "swap_out": swap.sout,
-        }
+        return HostRow(t=t, cpu_pct=psutil.cpu_percent(percpu=True), load=list(psutil.getloadavg()),
+                       mem_total=memory.total, mem_available=memory.available, swap_used=swap.used,
+                       swap_in=swap.sin, swap_out=swap.sout)
 
     def close(self) -> None:
         pass
@@ -29,7 +27,7 @@ class PsutilTree:
         self._root = psutil.Process(root)
         self._known: dict[int, psutil.Process] = {}
 
-    def sample(self) -> list[dict[str, Any]]:
+    def sample(self) -> list[ProcEntry]:
         try:
             members = [self._root, *self._root.children(recursive=True)]
         except psutil.Error:  # the root has exited
@@ -48,16 +46,16 @@ class PsutilTree:
         pass
 
 
-def _psutil_process_sample(process: psutil.Process) -> dict[str, Any] | None:
+def _psutil_process_sample(process: psutil.Process) -> ProcEntry | None:
     try:
         with process.oneshot():
             times = process.cpu_times()
             switches = process.num_ctx_switches()
-            return {
-                "pid": process.pid, "ppid": process.ppid(), "name": process.name(),
-                "cpu_s": times.user + times.system, "rss": process.memory_info().rss,
-                "threads": process.num_threads(), "ctx_vol": switches.voluntary, "ctx_invol": switches.involuntary,
-                "thread_cpu": {str(th.id): th.user_time + th.system_time for th in process.threads()},
-            }
+            return ProcEntry(
+                pid=process.pid, ppid=process.ppid(), name=process.name(), cpu_s=times.user + times.system,
+                rss=process.memory_info().rss, threads=process.num_threads(), ctx_vol=switches.voluntary,
+                ctx_invol=switches.involuntary,
+                thread_cpu={str(th.id): th.user_time + th.system_time for th in process.threads()},
+            )
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None

@@ -9,22 +9,30 @@ The rows have the same fields either way.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import psutil
+
+from gpudoctor.bundle.samples import HostRow, ProcEntry
 
 from gpudoctor.collect.procfiles import ProcFiles
 from gpudoctor.collect.procfs import ProcfsHost, ProcfsTree
 from gpudoctor.collect.psutil_readers import PsutilHost, PsutilTree
 
 
-class Reader(Protocol):
-    def sample(self) -> Any: ...
+class HostReader(Protocol):
+    def sample(self, t: float) -> HostRow: ...
 
     def close(self) -> None: ...
 
 
-def host_reader(files: ProcFiles | None) -> Reader:
+class TreeReader(Protocol):
+    def sample(self) -> list[ProcEntry]: ...
+
+    def close(self) -> None: ...
+
+
+def host_reader(files: ProcFiles | None) -> HostReader:
     if files is not None:
         try:
             return ProcfsHost(files)
@@ -33,7 +41,7 @@ def host_reader(files: ProcFiles | None) -> Reader:
     return PsutilHost()
 
 
-def tree_reader(files: ProcFiles | None, pid: int) -> Reader | None:
+def tree_reader(files: ProcFiles | None, pid: int) -> TreeReader | None:
     if files is not None:
         try:
             return ProcfsTree(files, pid)

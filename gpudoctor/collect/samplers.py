@@ -12,17 +12,21 @@ whose samples stay as they were taken.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from gpudoctor.bundle import EVENTS, SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
 from gpudoctor.bundle.compaction import compact_file
+from gpudoctor.bundle.events import WindowEvent
+from gpudoctor.bundle.jsonio import JsonlTail
+from gpudoctor.bundle.manifest import CollectorStatus, GpuInfo
+from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
 from gpudoctor.collect.procfiles import PROCFS, ProcFiles, held_files_budget
-from gpudoctor.collect.readers import Reader, host_reader, tree_reader
+from gpudoctor.collect.readers import TreeReader, host_reader, tree_reader
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
 # Compacting reads a file twice: every 5 minutes, the three files cost about 0.2% of a core over a day
@@ -39,15 +43,15 @@ class WindowSpans:
     """The profiling windows so far, read from the script's events.jsonl as it grows (only new bytes each time)."""
 
     def __init__(self, events: Path) -> None:
-        self._events = events
-        self._offset = 0
+        self._tail = JsonlTail(events, WINDOW_EVENTS)
         self._opened: float | None = None
         self._spans: list[tuple[float, float]] = []
 
     def spans(self) -> list[tuple[float, float]]:
         """(start, end) of the latest windows, margins included, KEEP_RAW_S of them in all (a window still
         open, which ends in the future, always)."""
-        self._read_new()
+        for event in self._tail.read():
+            self._on_window(event)
         kept, total = [], 0.0
         for start, end in reversed(self._spans):
             total += end - start
@@ -57,25 +61,17 @@ class WindowSpans:
         still_open = [(self._opened - WINDOW_MARGIN_S, float("inf"))] if self._opened is not None else []
         return kept[::-1] + still_open
 
-    def _read_new(self) -> None:
-        try:
-            with open(self._events, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except OSError:
-            return
-        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line being written is read next time
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            if b'"kind":"window"' in line:
-                self._on_window(json.loads(line))
-
-    def _on_window(self, event: dict[str, Any]) -> None:
-        if event.get("state") == "opened":
-            self._opened = float(event["t"])
+    def _on_window(self, event: WindowEvent) -> None:
+        t = event.t or 0.0
+        if event.state == "opened":
+            self._opened = t
         elif self._opened is not None:  # closed, failed or ended early
-            self._spans.append((self._opened - WINDOW_MARGIN_S, float(event["t"]) + WINDOW_MARGIN_S))
+            self._spans.append((self._opened - WINDOW_MARGIN_S, t + WINDOW_MARGIN_S))
             self._opened = None
+
+
+# Only the window events of events.jsonl: a line of another kind fails at its "kind", the first key, and is skipped.
+WINDOW_EVENTS = msgspec.json.Decoder(WindowEvent)
 
 
 class SampleFile:
@@ -87,7 +83,7 @@ class SampleFile:
         self._writer = JsonlWriter(self.path)
         self._next_compaction = time.time() + COMPACT_EVERY_S
 
-    def write(self, row: dict[str, Any]) -> None:
+    def write(self, row: HostRow | ProcsRow | GpuRow) -> None:
         self._writer.write(row)
 
     def due_for_compaction(self, now: float) -> bool:
@@ -147,16 +143,16 @@ class HostSampler(_Ticker):
         self._windows = WindowSpans(run_dir / EVENTS)
         self._files = ProcFiles(held_files_budget()) if PROCFS else None
         self._host_reader = host_reader(self._files)
-        self._tree: Reader | None = None
+        self._tree: TreeReader | None = None
 
     def watch(self, pid: int) -> None:
         self._tree = tree_reader(self._files, pid)
 
     def tick(self) -> None:
         t = time.time()
-        self._host.write({"t": t, **self._host_reader.sample()})
+        self._host.write(self._host_reader.sample(t))
         if self._tree is not None:
-            self._procs.write({"t": t, "procs": self._tree.sample()})
+            self._procs.write(ProcsRow(t=t, procs=self._tree.sample()))
         if self._host.due_for_compaction(t):
             keep = self._windows.spans()
             for file in (self._host, self._procs):  # the same `now`, so their merged rows keep the same times
@@ -180,7 +176,7 @@ class GpuSampler(_Ticker):
 
     def tick(self) -> None:
         t = time.time()
-        self._out.write({"t": t, "gpus": self._nvml.sample(with_pcie=self.samples % PCIE_EVERY == 0)})
+        self._out.write(GpuRow(t=t, gpus=self._nvml.sample(with_pcie=self.samples % PCIE_EVERY == 0)))
         if self._out.due_for_compaction(t):
             self._out.compact(t, self._windows.spans())
 
@@ -193,19 +189,19 @@ class Samplers:
     """Starts what can run on this machine and records, for the manifest, what could not and why."""
 
     def __init__(self, run_dir: Path, interval_s: float) -> None:
-        self.collectors: dict[str, dict[str, Any]] = {}
-        self.gpus: list[dict[str, Any]] = []
+        self.collectors: dict[str, CollectorStatus] = {}
+        self.gpus: list[GpuInfo] = []
         self.driver: str | None = None
         self.host = HostSampler(run_dir, interval_s)
-        self.collectors["host"] = {"ok": True, "interval_s": interval_s}
+        self.collectors["host"] = CollectorStatus(ok=True, interval_s=interval_s)
         self.gpu: GpuSampler | None = None
         try:
             nvml = Nvml()
             self.gpus, self.driver = nvml.describe()
             self.gpu = GpuSampler(run_dir, interval_s, nvml)
-            self.collectors["nvml"] = {"ok": True, "interval_s": interval_s}
+            self.collectors["nvml"] = CollectorStatus(ok=True, interval_s=interval_s)
         except NvmlUnavailable as exc:
-            self.collectors["nvml"] = {"ok": False, "reason": str(exc)}
+            self.collectors["nvml"] = CollectorStatus(ok=False, reason=str(exc))
 
     def start(self, pid: int) -> None:
         self.host.watch(pid)
@@ -214,8 +210,8 @@ class Samplers:
             self.gpu.start()
 
     def stop(self) -> None:
-        for sampler in (self.host, self.gpu):
+        for name, sampler in (("host", self.host), ("nvml", self.gpu)):
             if sampler is not None and sampler.is_alive():
                 sampler.stop()
-                self.collectors["host" if sampler is self.host else "nvml"].update(
-                    samples=sampler.samples, sampler_cpu_s=round(sampler.cpu_s, 4))
+                self.collectors[name] = msgspec.structs.replace(
+                    self.collectors[name], samples=sampler.samples, sampler_cpu_s=round(sampler.cpu_s, 4))
