@@ -32,6 +32,7 @@ from gpudoctor.analysis.summary import PhaseTime, StepBar, breakdown, median_ste
 from gpudoctor.analysis.timeline import MAX_POINTS, Panel, Series, Span, timeline
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle import SCHEMA_VERSION
+from gpudoctor.bundle.manifest import Target
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.engine import EngineResult
 
@@ -80,9 +81,9 @@ def _phase_row(phase: PhaseTime) -> dict[str, Any]:
 
 def _not_measured(run: Run) -> list[dict[str, str]]:
     rows = []
-    for name, info in run.manifest.get("collectors", {}).items():
-        if not info.get("ok", True):
-            rows.append({"what": COLLECTOR_LABELS.get(name, name), "reason": info.get("reason", "unknown")})
+    for name, info in run.manifest.collectors.items():
+        if not info.ok:
+            rows.append({"what": COLLECTOR_LABELS.get(name, name), "reason": info.reason or "unknown"})
     if run.trace_only:
         rows.append({"what": "host, process and GPU samples", "reason": "only a trace was analysed, not a run bundle"})
     return rows
@@ -114,12 +115,11 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
     return f"{idle_text}; {count}{cost}."
 
 
-def _command(target: dict[str, Any]) -> str | None:
-    args = [str(a) for a in target.get("args") or []]
-    if target.get("module"):
-        return shlex.join(["-m", str(target["module"]), *args])
-    if target.get("script"):
-        return shlex.join([str(target["script"]), *args])
+def _command(target: Target) -> str | None:
+    if target.module:
+        return shlex.join(["-m", target.module, *target.args])
+    if target.script:
+        return shlex.join([target.script, *target.args])
     return None
 
 
@@ -140,18 +140,18 @@ def _exception(run: Run) -> dict[str, Any] | None:
 
 def _run_facts(run: Run) -> dict[str, Any]:
     manifest, env, steps = run.manifest, run.env, run.steps
-    target = manifest.get("target", {})
-    exit_info = manifest.get("exit") or {}
+    target, exit_info = manifest.target, manifest.exit
     return {
-        "script": target.get("module") or target.get("script"), "module": bool(target.get("module")),
-        "args": target.get("args", []), "command": _command(target), "cwd": manifest.get("cwd"),
-        "created": manifest.get("created"), "duration_s": manifest.get("duration_s"),
+        "script": target.module or target.script, "module": bool(target.module),
+        "args": target.args, "command": _command(target), "cwd": manifest.cwd,
+        "created": manifest.created, "duration_s": manifest.duration_s,
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
-        "gpus": [g.get("name") for g in env.gpus], "cores": env.cores,
+        "gpus": [g.name for g in env.gpus], "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": median_step_s(steps),
-        "ending": exit_info.get("ending"), "exit_status": exit_info.get("status"), "exception": _exception(run),
-        "window": manifest.get("window"), "trace_only": run.trace_only,
+        "ending": exit_info.ending if exit_info else None, "exit_status": exit_info.status if exit_info else None,
+        "exception": _exception(run), "window": manifest.window.to_json() if manifest.window else None,
+        "trace_only": run.trace_only,
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
     }
 
@@ -261,8 +261,8 @@ def _source_path(file: str, run_cwd: str | None) -> Path | None:
 
 def _created(run: Run) -> float | None:
     try:
-        return dt.datetime.fromisoformat(str(run.manifest["created"])).timestamp()
-    except (KeyError, ValueError):
+        return dt.datetime.fromisoformat(str(run.manifest.created)).timestamp()
+    except ValueError:
         return None
 
 
@@ -302,7 +302,7 @@ def _card(index: int, record: FindingRecord, shown: dict[str, Any], run: Run, do
     return {
         "id": f"finding-{index + 1}", "finding": shown,
         "impact_percent": None if record.impact is None else round(record.impact * 100, 1),
-        "source": source_snippet(shown["location"], run.manifest.get("cwd"), created),
+        "source": source_snippet(shown["location"], run.manifest.cwd, created),
         "doc": doc_paragraphs(docs.get(record.code) or record.doc),
     }
 
