@@ -13,18 +13,27 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gpudoctor import Finding, NotEvaluated, Run, bundle, rule
+from gpudoctor.bundle.events import EVENT_DECODER, EndEvent, StepEvent
+from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS
 from gpudoctor.engine import load_rules, run_rules
 from gpudoctor.report import build_report
 from gpudoctor.testing import (
     BundleBuilder, RuleRaised, assert_fires, assert_not_evaluated, assert_silent, fixture_path, load_fixture, run_rule,
 )
+from gpudoctor.testing.built_files import write_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1024 * 1024
 approx = pytest.approx
+
+
+def kind_of(event: msgspec.Struct) -> str:
+    """An event record's `kind`: its class's tag."""
+    return str(type(event).__struct_config__.tag)
 
 
 # -- a custom rule, as a user writes one, to exercise the helpers ---------------------------------------
@@ -60,11 +69,11 @@ def test_the_bundle_is_what_the_real_loader_reads(tmp_path):
     b.gpu_samples(util=30)
     path = b.write()
     loaded = bundle.load(path)  # checks the schema version and that every listed file is there
-    assert loaded.manifest["schema_version"] == bundle.SCHEMA_VERSION
-    assert sorted(loaded.manifest["files"]) == sorted(
+    assert loaded.manifest.schema_version == bundle.SCHEMA_VERSION
+    assert sorted(loaded.manifest.files) == sorted(
         ["events.jsonl", "trace.json.gz", "samples/host.jsonl", "samples/procs.jsonl", "samples/gpu.jsonl"])
-    assert all((path / f).is_file() for f in loaded.manifest["files"])
-    assert {e["kind"] for e in loaded.events()} >= {"process", "torch", "loader", "step", "window", "env_window", "end"}
+    assert all((path / f).is_file() for f in loaded.manifest.files)
+    assert {kind_of(e) for e in loaded.events()} >= {"process", "torch", "loader", "step", "window", "env_window", "end"}
     trace = bundle.read_trace(path / "trace.json.gz")
     assert "baseTimeNanoseconds" in trace
     assert {e.get("cat") for e in trace["traceEvents"]} >= {"user_annotation", "kernel"}
@@ -84,6 +93,86 @@ def test_writing_again_replaces_the_previous_bundle(tmp_path):
     assert len(list(bundle.load(tmp_path).events())) == len(b._events())
 
 
+def every_feature(tmp_path: Path) -> BundleBuilder:
+    """A bundle that uses every method of the builder and every form of their arguments."""
+    b = BundleBuilder(tmp_path, window=(1, 1, 3))
+    b.env(cores=16, cpu_count=32, affinity=list(range(16)), start_method="fork", intra_op_threads=4, driver="560.1",
+          gpus=[{"index": 0, "name": "NVIDIA H200", "memory_total": 140 * 1024 * MB}],
+          cuda_device={"index": 0, "name": "NVIDIA H200", "total_memory": 140 * 1024 * MB}, switch_interval_s=0.01)
+    b.loader(num_workers=4, pin_memory=True, site=("train.py", 41, "main"), dataset_len=100)
+    b.loader(site=None)
+    b.steps(7, wall_s=0.1, data_wait_s=0.02, gpu_busy_s=0.05, kernels=2, forward_s=0.01, backward_s=0.02,
+            gil=lambda i: {"mean_s": 0.001, "p95_s": 0.002} if i % 2 else 0.003,
+            cuda_memory={"allocated": 1, "reserved": 2, "max_allocated": 3},
+            copies=[{"direction": "d2h", "bytes": MB, "host_s": 0.002, "count": 2, "site": ("train.py", 60, "f")}],
+            syncs=[{"kind": "print", "site": {"file": "train.py", "line": 61}}])
+    b.copy("h2d", pinned=True, non_blocking=True, bytes=64 * MB, host_s=0.004, count=2)
+    b.copy("d2h", step=3, max_s=0.003)
+    b.sync("item", host_s=0.003, count=3)
+    b.sync("synchronize", step=4, site=None)
+    b.fork(count=2)
+    b.fork(cuda_initialized=False, dataloader_worker=False, t=999_990.0)
+    b.thread("trainer-0", "Worker.run")
+    b.thread("pin_memory", module="torch.utils.data._utils.pin_memory", daemon=True, native_id=424201)
+    b.process(thread_cores=[0.5, 0.2])
+    b.workers(2, cores=0.9, threads=3)
+    b.host_samples(other_cores=1.0, swap_in_bps=MB, load1=2.0, interval_s=0.2)
+    b.gpu_samples(util=40, mem_used=10 * 1024 * MB, power_w=300.0)
+    b.gpu_samples(util=0, gpu=1, interval_s=0.05)
+    b.sample_rows("gpu", [{"t": 1_000_000.0, "gpus": [{"gpu": 0, "util": 99}]}])
+    b.kernels([(0, 0.0, 0.01, "gemm"), {"step": 2, "at": 0.01, "dur": 0.002, "kind": "memcpy", "bytes": MB},
+               {"start": 1_000_000.5, "dur": 0.001, "kind": "memset", "stream": 9}])
+    b.cuda_call(step=1, at=0.05, dur=0.01)
+    b.cuda_call("cudaMemcpy", start=1_000_000.3)
+    b.exit("exception", 1, exception="RuntimeError", message="boom", where=("train.py", 77, "main"))
+    return b
+
+
+def test_every_file_decodes_with_the_bundles_own_decoders(tmp_path):
+    path = every_feature(tmp_path).write()
+    manifest = bundle.read_manifest(path)
+    decoders = {"events.jsonl": EVENT_DECODER, "samples/host.jsonl": HOST_ROWS, "samples/procs.jsonl": PROCS_ROWS,
+                "samples/gpu.jsonl": GPU_ROWS}
+    assert sorted(manifest.files) == sorted([*decoders, "trace.json.gz"])
+    for name, decoder in decoders.items():
+        lines = (path / name).read_bytes().splitlines()
+        records = list(bundle.read_jsonl(path / name, decoder))
+        assert len(records) == len(lines) > 0, name
+        # Each line is exactly its record: no key the records do not know, none lost on the way.
+        assert [msgspec.to_builtins(r) for r in records] == [json.loads(line) for line in lines], name
+    kinds = {kind_of(e) for e in bundle.load(path).events()}
+    assert kinds == {"process", "torch", "thread_start", "loader", "fork", "step_source", "window", "env_window",
+                     "step", "end"}
+    assert bundle.read_trace(path / "trace.json.gz")["traceEvents"]
+
+
+def test_the_manifest_round_trips(tmp_path):
+    b = every_feature(tmp_path)
+    written = write_bundle(b._current())
+    assert bundle.load(tmp_path).manifest == written
+    assert written.exit is not None and written.exit.exception.where.line == 77
+    assert written.collectors["nvml"].ok and written.child.env_window.cuda_device.name == "NVIDIA H200"
+
+
+def test_what_a_test_gives_is_validated(tmp_path):
+    b = BundleBuilder(tmp_path)
+    with pytest.raises(ValueError, match=r"sample_rows\('host'\) row 1: .*`\$.t`"):
+        b.sample_rows("host", [{"t": 1.0}, {"t": "later"}])
+    with pytest.raises(ValueError, match="kind must be one of host, procs, gpu"):
+        b.sample_rows("disk", [])
+    with pytest.raises(ValueError, match=r"env\(\).*cores"):
+        b.env(cores="eight")
+    with pytest.raises(ValueError, match="count"):
+        b.step(copies=[{"direction": "h2d", "count": -1}])
+    with pytest.raises(ValueError, match="direction must be h2d or d2h"):
+        b.copy("sideways")
+    with pytest.raises(ValueError, match="kind must be kernel, memcpy or memset"):
+        b.kernels([{"start": 1.0, "dur": 0.1, "kind": "launch"}])
+    with pytest.raises(ValueError, match="call site"):
+        b.loader(site={"line": 3})
+    assert b._spec.steps == []  # nothing half-added
+
+
 # -- steps -----------------------------------------------------------------------------------------------
 def test_steps_carry_the_given_times(tmp_path):
     b = BundleBuilder(tmp_path)
@@ -96,7 +185,7 @@ def test_steps_carry_the_given_times(tmp_path):
     assert (first.forward_s, first.backward_s, first.optimizer_s) == (approx(0.03), approx(0.06), approx(0.01))
     assert first.other_s == approx(0.2 - 0.05 - 0.03 - 0.06 - 0.01)
     assert first.gil.mean_s == approx(0.004) and first.gil.samples >= 1
-    assert first.cuda_memory == {"allocated": 10, "reserved": 20, "max_allocated": 30}
+    assert msgspec.structs.asdict(first.cuda_memory) == {"allocated": 10, "reserved": 20, "max_allocated": 30}
     assert [s.wall_s for s in run.steps[1:]] == [approx(0.1), approx(0.2), approx(0.3)]
     assert [s.index for s in run.steps] == [0, 1, 2, 3]
     for before, after in zip(run.steps, run.steps[1:]):
@@ -296,8 +385,8 @@ def test_gpu_samples(tmp_path):
     point = run.samples.gpu[0][0]
     assert point.values == {"util": 35, "mem_used": 20 * 1024 * MB, "sm_mhz": 1980, "power_w": 300.0}
     assert "pcie_rx_kbs" not in point.values  # a field not given is left out, never written as zero
-    assert [g["index"] for g in run.env.gpus] == [0, 1]
-    assert run.manifest["collectors"]["nvml"]["ok"] is True
+    assert [g.index for g in run.env.gpus] == [0, 1]
+    assert run.manifest.collectors["nvml"].ok is True
 
 
 def test_raw_sample_rows(tmp_path):
@@ -317,7 +406,7 @@ def test_env(tmp_path):
     env = b.build().env
     assert (env.cores, env.cpu_count, env.gil_enabled, env.start_method) == (6, 32, False, "spawn")
     assert (env.intra_op_threads, env.memory_total, env.python, env.torch) == (3, 256 * 1024 * MB, "3.13.1", "2.6.0")
-    assert env.cuda_device["name"] == "NVIDIA H200"
+    assert env.cuda_device.name == "NVIDIA H200"
     with pytest.raises(TypeError, match="unknown env"):
         b.env(gpu_count=3)
 
@@ -325,7 +414,7 @@ def test_env(tmp_path):
 def test_default_env_is_a_gpu_host_when_the_run_used_the_gpu(tmp_path):
     run = starved(tmp_path).build()
     assert run.env.cores == 8 and run.env.gil_enabled is True
-    assert run.env.cuda_device["total_memory"] > 0 and run.env.intra_op_threads == 8
+    assert run.env.cuda_device.total_memory > 0 and run.env.intra_op_threads == 8
 
 
 def test_what_was_not_collected_is_not_evaluated(tmp_path):
@@ -340,9 +429,9 @@ def test_what_was_not_collected_is_not_evaluated(tmp_path):
         run.require_host_samples()
     with pytest.raises(NotEvaluated):
         run.require_processes()
-    collectors = run.manifest["collectors"]
-    assert collectors["host"]["ok"] is False and collectors["nvml"]["ok"] is False
-    assert collectors["profiler"] == {"ok": False, "reason": "torch.profiler could not start: RuntimeError: boom"}
+    collectors = run.manifest.collectors
+    assert collectors["host"].ok is False and collectors["nvml"].ok is False
+    assert collectors["profiler"].to_json() == {"ok": False, "reason": "torch.profiler could not start: RuntimeError: boom"}
     assert len(run.steps) == 3  # the instrumentation's steps stand without a trace
 
 
@@ -354,8 +443,8 @@ def test_an_exception_ending(tmp_path):
     run = b.build()
     assert (run.exit.ending, run.exit.status, run.exit.exception) == ("exception", 1, "RuntimeError")
     assert "forked subprocess" in run.exit.message and str(run.exit.location) == "train.py:77"
-    end = [e for e in bundle.load(tmp_path).events() if e["kind"] == "end"]
-    assert end[0]["reason"] == "exception"
+    end = [e for e in bundle.load(tmp_path).events() if isinstance(e, EndEvent)]
+    assert end[0].reason == "exception"
 
 
 def test_cuda_calls_in_the_trace_make_the_sync_stall(tmp_path):
@@ -412,8 +501,9 @@ def real_bundle(tmp_path_factory) -> Path:
 def _keys_by_kind(path: Path) -> dict[str, set[str]]:
     keys: dict[str, set[str]] = {}
     for event in bundle.load(path).events():
-        kind = event["kind"] if event["kind"] != "step" else f"step:{event['window']}"
-        keys.setdefault(kind, set()).update(event)
+        # A record leaves out a field at its default, so a line's keys depend on its values: read the record's fields.
+        kind = kind_of(event) if not isinstance(event, StepEvent) else f"step:{event.window}"
+        keys.setdefault(kind, set()).update({"kind", *event.__struct_fields__})
     return keys
 
 
