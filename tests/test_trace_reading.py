@@ -1,4 +1,4 @@
-"""Reading a trace in chunks (gpudoctor.bundle.TraceStream) and parsing it compactly (analysis.trace.parse_trace).
+"""Reading a trace in chunks (gpudoctor.bundle.trace_stream.TraceStream) and parsing it compactly (analysis.trace.parse_trace).
 
 Whatever the chunk size, the layout of the JSON or the parser's path (events picked out of the bytes, or whole
 chunks parsed), the result must be what a plain json.loads of the whole file gives.
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpudoctor import bundle
+from gpudoctor.bundle import trace_stream
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.trace import SYNC_RUNTIME, TraceData, parse_trace
 from gpudoctor.errors import BundleError
@@ -60,7 +60,7 @@ def raw() -> dict[str, Any]:
 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bundle, "CHUNK_BYTES", 4096)  # dozens of chunks even for a small fixture
+    monkeypatch.setattr(trace_stream, "CHUNK_BYTES", 4096)  # dozens of chunks even for a small fixture
 
 
 def _write(path: Path, text: str) -> Path:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.bundle import EventFilter, TraceNotStreamable, read_trace, trace_stream
+from gpudoctor.bundle import EventFilter, TraceNotStreamable, TraceStream, read_trace
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
@@ -93,7 +93,7 @@ def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
         detail = json_size(path) <= DETAIL_MAX_BYTES
     try:
         try:
-            stream = trace_stream(path, progress)
+            stream = TraceStream(path, progress)
             select = None if detail else EventFilter(
                 _categories(False), {"cuda_runtime": SYNC_RUNTIME, "cuda_driver": SYNC_RUNTIME})
             return _parse(path, stream.batches(select), stream.meta, detail)

@@ -24,13 +24,13 @@ from gpudoctor.bundle.layout import (
 )
 from gpudoctor.bundle.manifest import Manifest, read_manifest
 from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS, GpuRow, HostRow, ProcsRow
-from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, TraceStream, read_trace, trace_stream
+from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, TraceStream, read_trace
 from gpudoctor.errors import BundleError
 
 __all__ = [
     "EVENTS", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES", "SCHEMA_VERSION",
     "TRACE", "Bundle", "EventFilter", "JsonlWriter", "Manifest", "TraceNotStreamable", "TraceStream", "load",
-    "read_jsonl", "read_manifest", "read_trace", "trace_name", "trace_names", "trace_stream", "write_json_atomic",
+    "read_jsonl", "read_manifest", "read_trace", "trace_name", "trace_names", "write_json_atomic",
 ]
 
 _Row = TypeVar("_Row")

@@ -311,7 +311,3 @@ def _parse_before(buf: bytes, pos: int, cut: int) -> tuple[list[Any], int]:
             continue
         return events, buf.index(b"{", cut)
     raise TraceNotStreamable("no place to cut between two events")
-
-
-def trace_stream(path: Path, progress: Callable[[int, int], None] | None = None) -> TraceStream:
-    return TraceStream(Path(path), progress)
