@@ -90,7 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     check = "--check" in args
     path = Path(next((a for a in args if a != "--check"), DEFAULT_PAGE))
-    page = path.read_text(encoding="utf-8")
+    try:
+        page = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        print(f"{path}: cannot be read ({exc.strerror}); run this from the source tree, or name the page.", file=sys.stderr)
+        return 2
     current = with_rules(page, builtin_rules())
     if check:
         if current != page:
