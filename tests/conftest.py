@@ -13,11 +13,16 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from gpudoctor.bundle import read_jsonl
+from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+E = TypeVar("E", bound=AnyEvent)
 
 # A small profiling window, so that a trace is written after a handful of steps.
 WINDOW = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
@@ -60,10 +65,10 @@ class Result:
     def findings(self) -> dict:
         return json.loads((self.run_dir / "findings.json").read_text())
 
-    def events(self, kind: str | None = None) -> list[dict]:
-        lines = (self.run_dir / "events.jsonl").read_text().splitlines()
-        events = [json.loads(line) for line in lines if line.strip()]
-        return [e for e in events if kind is None or e.get("kind") == kind]
+    def events(self, kind: type[E]) -> list[E]:
+        """The run's events of one kind, as the bundle's records (e.g. `result.events(StepEvent)`)."""
+        written = read_jsonl(self.run_dir / "events.jsonl", EVENT_DECODER)
+        return [e for e in written if isinstance(e, kind)]
 
     def __str__(self) -> str:
         return f"exit {self.returncode}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"

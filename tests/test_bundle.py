@@ -10,6 +10,7 @@ import pytest
 from conftest import Gpudoctor, Result, script
 from gpudoctor import bundle
 from gpudoctor.analysis import Run
+from gpudoctor.bundle.events import StepEvent, StepSourceEvent
 
 BATCH, SLEEP_S, STEPS = 4, 0.005, 8
 BUNDLE_FILES = ("manifest.json", "events.jsonl", "samples/host.jsonl", "samples/procs.jsonl", "trace.json.gz",
@@ -34,10 +35,10 @@ def test_bundle_loads(training_run: Result) -> None:
 
 def test_one_step_event_per_optimizer_step(training_run: Result) -> None:
     done = json.loads((training_run.run_dir.parent / "script_report.json").read_text())["steps"]
-    steps = training_run.events("step")
+    steps = training_run.events(StepEvent)
     assert done == STEPS
-    assert [e["step"] for e in steps] == list(range(STEPS))
-    assert {e["source"] for e in steps} == {"optimizer"}
+    assert [e.step for e in steps] == list(range(STEPS))
+    assert {e.source for e in steps} == {"optimizer"}
     assert training_run.manifest()["exit"]["steps"] == STEPS
     run = Run.from_bundle(training_run.run_dir)
     assert len(run.all_steps) == STEPS
@@ -113,10 +114,10 @@ def test_step_detection(gd: Gpudoctor, mode: str, source: str) -> None:
                         "--report", str(report))
     assert result.returncode == 0, result
     assert json.loads(report.read_text())["steps"] == 6
-    steps = result.events("step")
+    steps = result.events(StepEvent)
     assert len(steps) == 6
-    assert {e["source"] for e in steps} == {source}
-    assert [e["source"] for e in result.events("step_source")][-1] == source
+    assert {e.source for e in steps} == {source}
+    assert [e.source for e in result.events(StepSourceEvent)][-1] == source
     assert (result.run_dir / "trace.json.gz").is_file()
 
 
@@ -126,7 +127,7 @@ def test_reusing_an_output_directory_replaces_the_previous_run(gd: Gpudoctor) ->
     second = gd.profile(script("endings.py"), "nosteps")
     assert second.returncode == 0, second
     assert second.run_dir == first.run_dir
-    assert second.events("step") == []
+    assert second.events(StepEvent) == []
     assert not (second.run_dir / "trace.json.gz").exists()
     assert Run.from_bundle(second.run_dir).all_steps == []
     assert second.findings()["run"]["steps_total"] == 0

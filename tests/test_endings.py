@@ -12,6 +12,7 @@ import pytest
 from conftest import Gpudoctor, Result, env_with, script
 from gpudoctor import bundle
 from gpudoctor.analysis import Run
+from gpudoctor.bundle.events import StepEvent, WindowEvent
 
 ENDINGS = script("endings.py")
 
@@ -133,7 +134,7 @@ def test_script_killed_by_sigkill(gd: Gpudoctor) -> None:
     assert manifest["exit"]["ending"] == "signal" and manifest["exit"]["signal"] == "SIGKILL"
     assert len(list(bundle.read_jsonl(result.run_dir / "samples" / "host.jsonl"))) >= 3
     assert len(list(bundle.read_jsonl(result.run_dir / "samples" / "procs.jsonl"))) >= 3
-    assert len(result.events("step")) == 4  # written before the kill
+    assert len(result.events(StepEvent)) == 4  # written before the kill
     _assert_reported(result)
 
 
@@ -177,7 +178,7 @@ def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
     assert _one_sentence(result.first_message) and "interrupted" in result.first_message
     assert result.manifest()["exit"]["ending"] == "interrupted"
     assert (result.run_dir / "trace.json.gz").is_file()  # the interrupted window still wrote its trace
-    assert any(e.get("state") == "ended_early" for e in result.events("window"))
+    assert any(e.state == "ended_early" for e in result.events(WindowEvent))
     _assert_reported(result)
 
 
@@ -197,7 +198,7 @@ def test_max_steps_stops_the_script_cleanly(gd: Gpudoctor) -> None:
     assert _one_sentence(result.first_message) and "--max-steps 3" in result.first_message
     manifest = result.manifest()
     assert manifest["exit"]["ending"] == "max_steps" and manifest["exit"]["steps"] == 3
-    assert len(result.events("step")) == 3
+    assert len(result.events(StepEvent)) == 3
     assert (result.run_dir / "trace.json.gz").is_file()
     _assert_reported(result)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import WINDOW, Gpudoctor, env_with, script
+from gpudoctor.bundle.events import EndEvent, LoaderEvent, StepEvent, ThreadStartEvent
 
 OPTION_LIKE = ["--out", "x", "--lr", "3e-4", "-v"]
 
@@ -110,15 +111,15 @@ def test_dataloader_with_worker_processes(gd: Gpudoctor) -> None:
     result = gd.profile(script("loader_workers.py"))
     assert result.returncode == 0, result
     assert "loader_workers: total 120" in result.stdout
-    assert [e["num_workers"] for e in result.events("loader")] == [2]
+    assert [e.num_workers for e in result.events(LoaderEvent)] == [2]
     # Forked workers must not write into the bundle: only the script's own process reports steps.
-    assert len(result.events("step")) == 4
-    assert {e["pid"] for e in result.events("end")} == {result.manifest()["child"]["process"]["pid"]}
+    assert len(result.events(StepEvent)) == 4
+    assert {e.pid for e in result.events(EndEvent)} == {result.manifest()["child"]["process"]["pid"]}
 
 
 def test_threads(gd: Gpudoctor) -> None:
     result = gd.profile(script("threads.py"))
     assert result.returncode == 0, result
     assert "threads: [499500, 1999000, 4498500]" in result.stdout
-    names = {e["name"] for e in result.events("thread_start")}
+    names = {e.name for e in result.events(ThreadStartEvent)}
     assert {"worker-1", "worker-2", "worker-3"} <= names

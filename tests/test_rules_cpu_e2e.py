@@ -19,6 +19,7 @@ import pytest
 
 from conftest import SCRIPTS, Gpudoctor, Result
 from gpudoctor.analysis import Run
+from gpudoctor.bundle.events import ForkEvent
 
 RULE_SCRIPTS = SCRIPTS / "rules"
 # Small windows: 2 steps of start-up, 1 of warm-up, 4 analysed.
@@ -145,7 +146,7 @@ def test_gd502_forks_recorded_but_silent_without_cuda(gd: Gpudoctor) -> None:
     assert len(pool) == 2 and len(workers) == 2, run.forks
     assert {f.location.line for f in pool} == {line_of(script, "POOL")}
     assert all(Path(f.location.file).resolve() == script.resolve() for f in run.forks)
-    assert [e["cuda_initialized"] for e in result.events("fork")] == [False] * 4
+    assert [e.cuda_initialized for e in result.events(ForkEvent)] == [False] * 4
 
 
 # -- GD503 cpu-oversubscription -----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import msgspec
 import pytest
 
 from conftest import Gpudoctor, Result, script
@@ -12,6 +13,9 @@ from gpudoctor.analysis import Run
 from gpudoctor.paths import findings_schema
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.ui.status_line import Status
+from gpudoctor.bundle.events import StepEvent, WindowEvent
+from gpudoctor.bundle.manifest import Manifest
+from gpudoctor.bundle.samples import HostRow, ProcsRow
 
 LATE = script("late_starvation.py")
 LOADER_LINE = next(i for i, line in enumerate(open(LATE), start=1) if "# LOADER" in line)
@@ -28,12 +32,12 @@ def late_run(tmp_path_factory) -> Result:
 
 
 def test_each_window_writes_its_own_trace(late_run: Result) -> None:
-    opened = [e for e in late_run.events("window") if e["state"] == "opened"]
-    closed = [e for e in late_run.events("window") if e["state"] == "closed"]
+    opened = [e for e in late_run.events(WindowEvent) if e.state == "opened"]
+    closed = [e for e in late_run.events(WindowEvent) if e.state == "closed"]
     assert len(opened) >= 3, opened
-    assert [e["index"] for e in opened] == list(range(len(opened)))
-    assert [e["first_step"] for e in opened] == sorted({e["first_step"] for e in opened})
-    traces = [e["trace"] for e in closed]
+    assert [e.index for e in opened] == list(range(len(opened)))
+    assert [e.first_step for e in opened] == sorted({e.first_step for e in opened})
+    traces = [e.trace for e in closed]
     assert traces[:2] == ["trace.json.gz", "trace.1.json.gz"]
     for name in traces:
         assert (late_run.run_dir / name).is_file()
@@ -98,13 +102,13 @@ def test_a_bad_every_is_a_usage_error(gd: Gpudoctor, value: str) -> None:
 
 def test_the_progress_line_counts_the_windows_recorded() -> None:
     status = Status(WindowConfig(wait=1, warmup=1, active=3, every_s=1.0), None)
-    status.update([{"kind": "step", "step": 4, "window": "closed"},
-                   {"kind": "window", "state": "opened", "index": 0, "first_step": 1},
-                   {"kind": "window", "state": "closed", "index": 0},
-                   {"kind": "window", "state": "opened", "index": 1, "first_step": 20},
-                   {"kind": "step", "step": 22, "window": "active"}])
+    status.update([StepEvent(step=4, t0=4.0, t1=5.0, wall_s=1.0, window="closed"),
+                   WindowEvent(state="opened", index=0, first_step=1),
+                   WindowEvent(state="closed", index=0),
+                   WindowEvent(state="opened", index=1, first_step=20),
+                   StepEvent(step=22, t0=22.0, t1=23.0, wall_s=1.0, window="active")])
     assert "profiling step 2 of 3" in status.text()  # steps 21 and 22, after the warm-up step 20
-    status.update([{"kind": "window", "state": "closed", "index": 1}])
+    status.update([WindowEvent(state="closed", index=1)])
     assert "2 profiled windows recorded" in status.text()
 
 
@@ -121,7 +125,9 @@ def test_a_window_in_a_compacted_stretch_reads_the_rows_either_side() -> None:
               "data_wait_s": 0.0, "batches": 1, "source": "optimizer", "window": "active", "window_index": 0,
               "phases": {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}, "copies": [], "syncs": []}
              for i in range(5)]
-    run = Run({"schema_version": 1, "window": {"wait": 0}}, steps, None, host, procs, [])
+    run = Run(msgspec.convert({"schema_version": 1, "window": {"wait": 0}}, Manifest),
+              [msgspec.convert(e, StepEvent) for e in steps], None, msgspec.convert(host, list[HostRow]),
+              msgspec.convert(procs, list[ProcsRow]), [])
     assert [p.t for p in run.step_samples.host] == [1500.0, 1510.0]
     (process,) = run.processes
     assert process.rss_max == 2 * 10**8 + 51 and abs(process.cpu_mean - 0.8) < 1e-9
