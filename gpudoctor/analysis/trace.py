@@ -11,6 +11,7 @@ small one keeps every CUDA runtime call, operator and Python frame as well (`Tra
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -161,7 +162,7 @@ class _Builder:
                 if cat not in wanted or event.get("ph") != "X":
                     continue
                 add_event(event, cat)
-            except (AttributeError, KeyError, TypeError, ValueError):
+            except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
                 continue  # a malformed event is skipped; one bad row must not lose the trace
 
     def _name(self, name: str) -> str:
@@ -174,8 +175,10 @@ class _Builder:
             return
         if cat == "user_annotation" and not self.detail and not _kept_annotation(name):
             return
-        start = self.base + float(event["ts"]) / 1e6
-        end = start + float(event.get("dur", 0)) / 1e6
+        start, dur = self.base + float(event["ts"]) / 1e6, float(event.get("dur", 0)) / 1e6
+        if not (math.isfinite(start) and 0.0 <= dur < math.inf):
+            return  # NaN, infinite or negative: a malformed event, skipped like any other
+        end = start + dur
         args = event.get("args") or {}
         name = self._name(name)
         if cat in GPU_CATEGORIES:

@@ -27,6 +27,9 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     loads = json.loads
 
 T = TypeVar("T")
+# The longest line a bundle's JSONL files hold is a process sample with every thread's CPU: kilobytes. A longer
+# line than this is not one gpudoctor wrote, and is refused before it fills the memory.
+MAX_LINE_BYTES = 64 << 20
 
 # A value msgspec cannot encode (a Path, a numpy scalar) is written as its text, never lost. NaN and
 # infinities become null: the files stay strict JSON.
@@ -62,7 +65,9 @@ def read_jsonl(path: Path, decoder: msgspec.json.Decoder[Any] = ANY_JSON) -> Ite
     """The records of a JSONL file, read line by line (with `decoder`, as its records; without, as plain JSON);
     a last line cut short by a crash is skipped, any other bad line is a BundleError."""
     with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+            if len(line) > MAX_LINE_BYTES:
+                raise BundleError(f"{path} is corrupt: line {number} is longer than {MAX_LINE_BYTES >> 20} MB.")
             if not line.strip():
                 continue
             try:

@@ -22,25 +22,58 @@ from gpudoctor.bundle.jsonio import loads as _loads
 from gpudoctor.errors import BundleError
 
 
+# A profiler trace compresses 13 to 19 times with gzip (every trace in fixtures/): one that inflates to more
+# than MAX_INFLATION times its size, or past MAX_TRACE_BYTES, is not a trace (a gzip bomb, or padding).
+MAX_INFLATION = 200
+MIN_INFLATED_CAP = 64 << 20  # a small file may inflate further: never refuse one under this
+MAX_TRACE_BYTES = 64 << 30
+
+
+def inflated_cap(path: Path) -> int:
+    """How many bytes of JSON the trace at `path` may hold once inflated."""
+    size = path.stat().st_size
+    if path.suffix != ".gz":
+        return MAX_TRACE_BYTES
+    return min(MAX_TRACE_BYTES, max(MIN_INFLATED_CAP, MAX_INFLATION * size))
+
+
+def too_big(path: Path, cap: int) -> BundleError:
+    return BundleError(f"{path} inflates to more than {cap / 1e6:,.0f} MB of JSON, {MAX_INFLATION} times its "
+                       "size or more: it is not a profiler trace (a gzip bomb, or padded).")
+
+
 def read_trace(path: Path) -> dict[str, Any]:
     """Load a Chrome trace (.json or .json.gz) and check it is one; raise BundleError saying what is wrong."""
+    cap = inflated_cap(path)
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
-                raw = f.read()
+                raw = f.read(cap + 1)
         else:
             raw = path.read_bytes()
     except (EOFError, OSError, zlib.error) as exc:
         raise BundleError(f"{path} is truncated or not gzip: {exc}.") from None
-    try:
-        trace = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{path} is not a complete JSON trace ({exc.msg} at byte {exc.pos}).") from None
+    if len(raw) > cap:
+        raise too_big(path, cap)
+    trace = _parse_whole(path, raw)
     if isinstance(trace, list):
         trace = {"traceEvents": trace}
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise BundleError(f"{path} is JSON but not a Chrome trace: it has no traceEvents list.")
     return trace
+
+
+def _parse_whole(path: Path, raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path} is not a complete JSON trace ({exc.msg} at byte {exc.pos}).") from None
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{path} is not a JSON trace: byte {exc.start} is not UTF-8 text.") from None
+    except RecursionError:
+        raise BundleError(f"{path} is not a profiler trace: its JSON is nested too deeply.") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise BundleError(f"{path} is not a profiler trace: {exc}.") from None
 
 
 # -- reading a big trace in chunks -----------------------------------------------------------------
@@ -153,7 +186,7 @@ class TraceStream:
                     self._report(raw.tell(), total)
                     yield block
                 return
-            yield from _inflate_in_thread(raw, total, self._report, path)
+            yield from _inflate_in_thread(raw, total, self._report, path, inflated_cap(path))
 
     def _report(self, done: int, total: int) -> None:
         if self.progress is not None:
@@ -169,7 +202,9 @@ class TraceStream:
                 if block is None:
                     yield self._read_last(buf[pos:])
                     return
-                buf = buf[pos:] + block
+                # A block of blanks alone (padding between or after events) adds nothing to parse: keep one
+                # blank, so that the buffer, and each search of it for a cut, stays as long as the events.
+                buf = buf[pos:] + (block if block.strip(_WS) else b" ")
                 pos = 0
                 continue
             events = select.pick(buf, pos, cut) if select is not None else None
@@ -183,6 +218,9 @@ class TraceStream:
         """Read up to the '[' that opens traceEvents (or the whole trace, for a bare list of events)."""
         buf = b""
         for block in chunks:
+            if not (buf + block).strip(_WS):  # blanks before the trace: nothing to keep
+                buf = b""
+                continue
             buf = (buf + block).removeprefix(b"\xef\xbb\xbf")
             start = len(buf) - len(buf.lstrip(_WS))
             if buf[start:start + 1] == b"[":
@@ -238,7 +276,8 @@ class TraceStream:
         raise TraceNotStreamable("the end of traceEvents is not where it should be")
 
 
-def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None], path: Path) -> Iterator[bytes]:
+def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None], path: Path,
+                       cap: int) -> Iterator[bytes]:
     out: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -251,10 +290,15 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
                 continue
 
     def inflate() -> None:
+        inflated = 0
         try:
             with gzip.GzipFile(fileobj=raw, mode="rb") as f:
                 while not stop.is_set():
                     block = f.read(CHUNK_BYTES)
+                    inflated += len(block)
+                    if inflated > cap:
+                        put(too_big(path, cap))
+                        return
                     put((block, raw.tell()))
                     if not block:
                         return

@@ -1,0 +1,120 @@
+"""Traces and bundles made to break the reader: each is refused with one sentence naming the file (exit 65), or
+read with the bad part left out; never a traceback, a hang or a findings.json that is not strict JSON."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import Gpudoctor
+from gpudoctor.analysis import Run
+from gpudoctor.analysis.trace import parse_trace
+from gpudoctor.bundle import jsonio, trace_stream
+from gpudoctor.errors import BundleError
+
+TRACE = Path(__file__).resolve().parents[1] / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"
+
+
+def _trace_text() -> str:
+    with gzip.open(TRACE, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
+def _write_gz(path: Path, data: bytes) -> Path:
+    path.write_bytes(gzip.compress(data, 1))
+    return path
+
+
+def _refused(path: Path) -> str:
+    with pytest.raises(BundleError) as raised:
+        parse_trace(path)
+    message = str(raised.value)
+    assert str(path) in message and "\n" not in message and message.endswith("."), message
+    return message
+
+
+def test_bytes_that_are_not_utf8_are_named(tmp_path: Path) -> None:
+    raw = _trace_text().encode()
+    assert "not UTF-8" in _refused(_write_gz(tmp_path / "t.json.gz", raw[:5000] + b"\xff\xfe" + raw[5000:]))
+
+
+def test_an_integer_of_thousands_of_digits_is_refused(tmp_path: Path) -> None:
+    text = _trace_text().replace('"dur": ', '"dur": ' + "9" * 5000 + ', "x": ', 1)
+    _refused(_write_gz(tmp_path / "t.json.gz", text.encode()))
+
+
+def test_deep_nesting_is_refused(tmp_path: Path) -> None:
+    _refused(_write_gz(tmp_path / "t.json.gz", b"[" * 100_000 + b"]" * 100_000))
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_gzip_bomb_is_refused_before_it_is_inflated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      streamed: bool) -> None:
+    monkeypatch.setattr(trace_stream, "MIN_INFLATED_CAP", 1 << 20)
+    bomb = _write_gz(tmp_path / "t.json.gz", b"[" + b" " * (64 << 20) + b"]")  # 64 MB of blanks in ~64 kB
+    if streamed:
+        assert "gzip bomb" in _refused(bomb)
+    else:
+        with pytest.raises(BundleError, match="gzip bomb"):
+            trace_stream.read_trace(bomb)
+
+
+def test_blanks_padding_a_trace_are_read_past(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_stream, "CHUNK_BYTES", 4096)
+    text = _trace_text()
+    end = text.rindex("]")
+    padded = tmp_path / "t.json"
+    padded.write_text(text[:end] + " " * (8 << 20) + text[end:])
+    assert parse_trace(padded).steps == parse_trace(TRACE).steps
+
+
+@pytest.mark.parametrize("value", ["NaN", "-5000", "Infinity"])
+def test_an_event_with_a_duration_that_is_not_one_is_left_out(tmp_path: Path, value: str) -> None:
+    text = _trace_text()
+    assert text.count('"cat": "kernel"') > 1
+    first_kernel = text.index('"cat": "kernel"')
+    dur = text.index('"dur": ', first_kernel)
+    bad = text[:dur] + f'"dur": {value}, "was": ' + text[dur + len('"dur": '):]
+    data = parse_trace(_write_gz(tmp_path / "t.json.gz", bad.encode()))
+    assert data.gpu_ops and all(0 <= op.dur < 1e3 for op in data.gpu_ops)
+    assert len(data.gpu_ops) == len(parse_trace(TRACE).gpu_ops) - 1
+
+
+def test_a_line_longer_than_any_gpudoctor_writes_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jsonio, "MAX_LINE_BYTES", 1024)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"kind": "torch"}\n' + b"[" * 5000 + b"\n")
+    with pytest.raises(BundleError, match="line 2 is longer than"):
+        list(jsonio.read_jsonl(path))
+
+
+def test_a_bare_trace_with_bad_durations_still_gives_strict_json(tmp_path: Path, gd: Gpudoctor) -> None:
+    text = _trace_text().replace('"dur": ', '"dur": NaN, "was": ', 40)
+    trace = _write_gz(tmp_path / "t.json.gz", text.encode())
+    result = gd.run("analyze", str(trace), "--out", "out", "--format", "json")
+    assert result.returncode == 0, result
+
+    def refuse(constant: str) -> float:
+        raise ValueError(f"findings.json holds {constant}")
+
+    findings = json.loads((gd.cwd / "out" / "findings.json").read_text(), parse_constant=refuse)
+    assert all(s >= 0 for s in [findings["run"]["median_step_s"] or 0.0])
+
+
+def test_a_bundle_of_a_hostile_trace_exits_65_with_one_sentence(tmp_path: Path, gd: Gpudoctor) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for path in TRACE.parent.rglob("*"):
+        target = run_dir / path.relative_to(TRACE.parent)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        elif path.name != "trace.json.gz":
+            target.write_bytes(path.read_bytes())
+    _write_gz(run_dir / "trace.json.gz", b"[" * 100_000 + b"]" * 100_000)
+    assert Run.from_bundle(run_dir).trace_file is not None
+    result = gd.run("analyze", str(run_dir))
+    assert result.returncode == 65, result
+    assert len(result.messages) == 1 and "trace.json.gz" in result.first_message and "Traceback" not in result.stderr
