@@ -5,6 +5,7 @@ The tests run gpudoctor from this checkout (PYTHONPATH), as a separate process, 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -15,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import jsonschema
 import pytest
 
 from gpudoctor.bundle import read_jsonl
 from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent
+from gpudoctor.paths import findings_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -42,6 +45,25 @@ def env_with(**extra: str) -> dict[str, str]:
     return env
 
 
+def _refuse_constant(constant: str) -> float:
+    raise ValueError(f"findings.json holds {constant}, which is not JSON")
+
+
+@functools.cache
+def _findings_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(findings_schema().read_text(encoding="utf-8")))
+
+
+def checked_findings(path: Path) -> dict:
+    """A findings.json that gpudoctor wrote, read strictly and validated against its schema (every test that reads
+    one through here checks the contract as well)."""
+    document = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    errors = sorted(_findings_validator().iter_errors(document), key=lambda e: list(e.absolute_path))
+    assert not errors, f"{path} breaks the schema: " + "; ".join(
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors[:5])
+    return document
+
+
 @dataclass
 class Result:
     returncode: int
@@ -63,7 +85,8 @@ class Result:
         return json.loads((self.run_dir / "manifest.json").read_text())
 
     def findings(self) -> dict:
-        return json.loads((self.run_dir / "findings.json").read_text())
+        """findings.json, checked: strict JSON (no NaN or Infinity) that the shipped schema accepts."""
+        return checked_findings(self.run_dir / "findings.json")
 
     def events(self, kind: type[E]) -> list[E]:
         """The run's events of one kind, as the bundle's records (e.g. `result.events(StepEvent)`)."""
