@@ -19,14 +19,12 @@ import time
 import traceback
 import types
 from types import TracebackType
-from typing import Any
 
-from gpudoctor.collect.config import ChildConfig
-from gpudoctor.collect.instrument import Instrumentation
 from gpudoctor.bundle.events import ProcessEvent
 from gpudoctor.bundle.records import Site
+from gpudoctor.collect.config import ChildConfig
+from gpudoctor.collect.instrument import Instrumentation
 from gpudoctor.collect.recorder import ExceptionDetails, MaxStepsReached, Recorder, set_active
-
 
 # How long SIGTERM waits for the window's trace to be written before the script dies anyway; an export with
 # stacks took 17.6 s in docs/performance.md, so this leaves room for one several times larger.
@@ -74,10 +72,11 @@ def _run_script(target: str) -> None:
     with io.open_code(path) as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     main = types.ModuleType("__main__")
-    main.__file__, main.__cached__, main.__builtins__ = path, None, builtins
+    namespace = vars(main)  # __cached__ and __builtins__ are set through it: ModuleType does not declare them
+    namespace.update(__file__=path, __cached__=None, __builtins__=builtins)
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     sys.modules["__main__"] = main
-    exec(code, vars(main))
+    exec(code, namespace)  # noqa: S102 - running the user's script is what gpudoctor profile is for
 
 
 def main(argv: list[str]) -> None:
@@ -105,7 +104,7 @@ def main(argv: list[str]) -> None:
         # Die of SIGINT, as python does, so the status seen from outside is the same.
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - whatever the script raised is recorded, then reported as python would
         _finish(recorder, instrumentation, "exception", exception=_exception_details(exc))
         exc.__traceback__ = _trim(exc.__traceback__)  # the default excepthook prints the exception's own
         sys.excepthook(type(exc), exc, exc.__traceback__)
@@ -151,7 +150,7 @@ def _finish(recorder: Recorder, instrumentation: Instrumentation, reason: str, c
     try:
         instrumentation.uninstall()
         recorder.finish(reason, code, exception)
-    except Exception as exc:  # gpudoctor must never change how the script ends
+    except Exception as exc:  # noqa: BLE001 - gpudoctor must never change how the script ends
         print(f"gpudoctor: could not finish recording: {exc}", file=sys.stderr)
 
 

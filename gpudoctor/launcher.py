@@ -22,15 +22,39 @@ import msgspec
 
 from gpudoctor import __version__
 from gpudoctor.bundle import (
-    EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, read_jsonl, trace_names,
+    EVENTS,
+    FINDINGS,
+    MANIFEST,
+    REPORT,
+    SAMPLE_FILES,
+    SAMPLES_DIR,
+    SCHEMA_VERSION,
+    TRACE,
+    read_jsonl,
+    trace_names,
     write_json_atomic,
 )
 from gpudoctor.bundle.events import (
-    EVENT_DECODER, CollectorEvent, EndEvent, EnvWindowEvent, ProcessEvent, ProcessFacts, TorchEvent, TorchFacts,
-    WindowEvent, WindowFacts,
+    EVENT_DECODER,
+    CollectorEvent,
+    EndEvent,
+    EnvWindowEvent,
+    ProcessEvent,
+    ProcessFacts,
+    TorchEvent,
+    TorchFacts,
+    WindowEvent,
+    WindowFacts,
 )
 from gpudoctor.bundle.manifest import (
-    ChildFacts, CollectorStatus, ExceptionInfo, ExitInfo, HostInfo, Manifest, Target, WindowSettings,
+    ChildFacts,
+    CollectorStatus,
+    ExceptionInfo,
+    ExitInfo,
+    HostInfo,
+    Manifest,
+    Target,
+    WindowSettings,
 )
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
@@ -207,7 +231,7 @@ class ChildReport:
     """What the script's process said about itself in its events."""
 
     end: EndEvent | None = None  # its last event; None when it died without one
-    facts: ChildFacts = ChildFacts()
+    facts: ChildFacts = field(default_factory=ChildFacts)
     collectors: dict[str, CollectorStatus] = field(default_factory=dict)
     windows: list[WindowEvent] = field(default_factory=list)
 
@@ -249,7 +273,8 @@ def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | No
     name = request.module or request.script
     status = exit_status_of(returncode)
     if supervisor.timed_out:
-        return "timeout", EXIT_TIMEOUT, f"{name} was still running after --timeout {request.timeout_s:g} s, so gpudoctor stopped it."
+        message = f"{name} was still running after --timeout {request.timeout_s:g} s, so gpudoctor stopped it."
+        return "timeout", EXIT_TIMEOUT, message
     if end is not None and end.reason == "max_steps":
         return "max_steps", 0, f"gpudoctor stopped {name} after --max-steps {request.max_steps}, as asked."
     if returncode < 0:
@@ -287,7 +312,8 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
     child_report = _child_report(run_dir)
     ending, status, message = describe_ending(request, returncode, child_report.end, supervisor)
     exit_info = _exit_info(child_report.end, ending, status, returncode)
-    write_json_atomic(run_dir / MANIFEST, _final_manifest(run_dir, manifest, samplers, child_report, exit_info, started))
+    final = _final_manifest(run_dir, manifest, samplers, child_report, exit_info, started)
+    write_json_atomic(run_dir / MANIFEST, final)
     return ProfileOutcome(run_dir, status, ending, message)
 
 

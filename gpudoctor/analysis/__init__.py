@@ -8,8 +8,21 @@ from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.run import NotEvaluated, Run
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
-    CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, ProcessInfo, Samples, SeriesPoint,
-    Step, SyncSite, ThreadInfo, WindowInfo,
+    CopySite,
+    Env,
+    Exit,
+    ForkInfo,
+    GilStats,
+    LoaderInfo,
+    LoaderView,
+    Location,
+    ProcessInfo,
+    Samples,
+    SeriesPoint,
+    Step,
+    SyncSite,
+    ThreadInfo,
+    WindowInfo,
 )
 
 __all__ = [

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import TypeVar
 
+from gpudoctor.analysis.views import WindowInfo
 from gpudoctor.bundle import trace_name
 from gpudoctor.bundle.events import AnyEvent, StepEvent, WindowEvent
-from gpudoctor.analysis.views import WindowInfo
 
 ANALYSED_WINDOW_STATES = ("active",)
 _TIMES = 4  # a plain step's t0, t1, wall_s and data_wait_s, in the times column
@@ -154,7 +154,7 @@ class RunEvents:
 
     @cached_property
     def _others_by_window(self) -> dict[int, list[AnyEvent]]:
-        shared = [e for e in self.others if not isinstance(e, WindowEvent)]
+        shared: list[AnyEvent] = [e for e in self.others if not isinstance(e, WindowEvent)]
         own: dict[int, list[AnyEvent]] = defaultdict(list)
         for e in self._window_events:
             own[e.index].append(e)

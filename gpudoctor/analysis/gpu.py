@@ -5,6 +5,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 from gpudoctor import intervals
 from gpudoctor.analysis.trace import GpuOp
@@ -32,7 +33,7 @@ class GpuView:
     @cached_property
     def _kernels_sorted(self) -> bool:
         starts = self._kernel_starts
-        return all(a <= b for a, b in zip(starts, starts[1:]))
+        return all(a <= b for a, b in pairwise(starts))
 
     @cached_property
     def memcpys(self) -> list[GpuOp]:
@@ -55,16 +56,20 @@ class GpuView:
         return max(self.devices, key=lambda d: intervals.covered(self._busy_by_device[d], lo, hi))
 
     def busy_s(self, lo: float, hi: float, device: int | None = None) -> float:
-        device = self.primary_device if device is None else device
-        return intervals.covered(self._busy_by_device.get(device, []), lo, hi)
+        return intervals.covered(self._of_device(self._busy_by_device, device), lo, hi)
 
     def compute_s(self, lo: float, hi: float, device: int | None = None) -> float:
-        device = self.primary_device if device is None else device
-        return intervals.covered(self._compute_by_device.get(device, []), lo, hi)
+        return intervals.covered(self._of_device(self._compute_by_device, device), lo, hi)
 
     def idle_gaps(self, lo: float, hi: float, device: int | None = None) -> list[intervals.Interval]:
+        return intervals.gaps(self._of_device(self._busy_by_device, device), lo, hi)
+
+    def _of_device(
+        self, by_device: dict[int, list[intervals.Interval]], device: int | None
+    ) -> list[intervals.Interval]:
+        """The intervals of `device` (default: the primary one); none when the trace has no GPU activity."""
         device = self.primary_device if device is None else device
-        return intervals.gaps(self._busy_by_device.get(device, []), lo, hi)
+        return [] if device is None else by_device.get(device, [])
 
     @cached_property
     def _h2d_copies(self) -> list[intervals.Interval]:

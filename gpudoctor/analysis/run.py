@@ -17,12 +17,34 @@ from gpudoctor.analysis.sites import copy_sites, sync_sites
 from gpudoctor.analysis.steps import StepBuilder
 from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
-    CopySite, Env, Exit, ForkInfo, GilStats, LoaderInfo, LoaderView, Location, NotEvaluated, ProcessInfo, Samples,
-    SeriesPoint, Step, SyncSite, ThreadInfo, WindowInfo,
+    CopySite,
+    Env,
+    Exit,
+    ForkInfo,
+    GilStats,
+    LoaderInfo,
+    LoaderView,
+    Location,
+    NotEvaluated,
+    ProcessInfo,
+    Samples,
+    SeriesPoint,
+    Step,
+    SyncSite,
+    ThreadInfo,
+    WindowInfo,
 )
 from gpudoctor.bundle.events import (
-    AnyEvent, ForkEvent, ForwardSiteEvent, LoaderEvent, ProcessFacts, StepEvent, ThreadStartEvent, TorchFacts,
-    WindowEvent, WindowFacts,
+    AnyEvent,
+    ForkEvent,
+    ForwardSiteEvent,
+    LoaderEvent,
+    ProcessFacts,
+    StepEvent,
+    ThreadStartEvent,
+    TorchFacts,
+    WindowEvent,
+    WindowFacts,
 )
 from gpudoctor.bundle.manifest import ExceptionInfo, ExitInfo, Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow

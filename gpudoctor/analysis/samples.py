@@ -10,6 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import TypeVar
 
 from gpudoctor.analysis.views import ProcessInfo, SeriesPoint
@@ -100,7 +101,7 @@ def process_infos(rows: list[ProcsRow]) -> list[ProcessInfo]:
 
 
 def _process_info(pid: int, entries: list[tuple[float, ProcEntry]], is_root: bool) -> ProcessInfo:
-    rates = [(b.cpu_s - a.cpu_s) / (tb - ta) for (ta, a), (tb, b) in zip(entries, entries[1:]) if tb > ta]
+    rates = [(b.cpu_s - a.cpu_s) / (tb - ta) for (ta, a), (tb, b) in pairwise(entries) if tb > ta]
     (t_first, first), (t_last, last) = entries[0], entries[-1]
     elapsed = t_last - t_first
     return ProcessInfo(

@@ -19,7 +19,8 @@ def copy_sites(steps: Iterable[StepEvent]) -> list[CopySite]:
     groups: dict[tuple[object, ...], list[CopyRow]] = defaultdict(list)
     for step in steps:
         for row in step.copies or ():
-            groups[(row.direction, row.pinned, row.non_blocking, *_line(row.site))].append(row)
+            key = (row.direction, row.pinned, row.non_blocking, *_line(row.site))
+            groups[key].append(row)
     sites = [CopySite(rows[0].direction, rows[0].pinned, rows[0].non_blocking, sum(r.count for r in rows),
                       sum(r.bytes for r in rows), sum(r.host_s for r in rows), max(r.max_s for r in rows),
                       Location.from_site(rows[0].site))
@@ -32,7 +33,8 @@ def sync_sites(steps: Iterable[StepEvent]) -> list[SyncSite]:
     groups: dict[tuple[object, ...], list[SyncRow]] = defaultdict(list)
     for step in steps:
         for row in step.syncs or ():
-            groups[(row.kind, *_line(row.site))].append(row)
+            key = (row.kind, *_line(row.site))
+            groups[key].append(row)
     sites = [SyncSite(rows[0].kind, sum(r.count for r in rows), sum(r.host_s for r in rows),
                       max(r.max_s for r in rows), Location.from_site(rows[0].site))
              for rows in groups.values()]

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import TypedDict
 
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.trace import TraceData
 from gpudoctor.analysis.views import GilStats, Step
 from gpudoctor.bundle.events import GilSummary, StepEvent
+
+
+class _GpuFields(TypedDict, total=False):
+    """A step's GPU figures, present only when the step lies in the trace."""
+
+    gpu_busy_s: float
+    gpu_compute_s: float
+    gpu_idle_s: float
+    kernels: int
 
 
 class StepBuilder:
@@ -50,7 +60,7 @@ class StepBuilder:
             return None
         return self.trace.steps.get(trace_step)
 
-    def _gpu_fields(self, start: float, end: float, in_trace: bool) -> dict[str, float | int]:
+    def _gpu_fields(self, start: float, end: float, in_trace: bool) -> _GpuFields:
         if self.gpu is None or not in_trace:
             return {}
         busy = self.gpu.busy_s(start, end)

@@ -147,7 +147,7 @@ class ThreadInfo:
     @property
     def is_library(self) -> bool:
         """A thread that torch or the stdlib starts for itself (the DataLoader's pin-memory thread, ...)."""
-        return bool(self.module) and self.module.split(".")[0] in ("torch", "gpudoctor", "multiprocessing")
+        return self.module is not None and self.module.split(".")[0] in ("torch", "gpudoctor", "multiprocessing")
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,18 @@ import msgspec
 from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent
 from gpudoctor.bundle.jsonio import JsonlWriter, read_jsonl, write_json_atomic
 from gpudoctor.bundle.layout import (
-    EVENTS, FINDINGS, MANIFEST, PARTIAL_TRACE, REPORT, SAMPLE_FILES, SAMPLES_DIR, SCHEMA_VERSION, TRACE, sample_file,
-    trace_name, trace_names,
+    EVENTS,
+    FINDINGS,
+    MANIFEST,
+    PARTIAL_TRACE,
+    REPORT,
+    SAMPLE_FILES,
+    SAMPLES_DIR,
+    SCHEMA_VERSION,
+    TRACE,
+    sample_file,
+    trace_name,
+    trace_names,
 )
 from gpudoctor.bundle.manifest import Manifest, read_manifest
 from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS, GpuRow, HostRow, ProcsRow

@@ -38,7 +38,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs from Python 3.13 on; only the type checker reads it
 
 MEAN_DECIMALS = 3
 _MERGE_KEYS = frozenset({"t", "t0", "n", "lo", "hi", "counts"})
@@ -96,7 +99,7 @@ def merge_records(records: Sequence[dict[str, Any]], kind: str) -> dict[str, Any
     return bucket.emit()
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeIs[float]:
     return type(value) in (int, float)  # not bool
 
 
@@ -218,19 +221,20 @@ class Bucket:
         self.t = record.get("t")
         self.n += n
         self.fields.absorb(record, n, self.kind)
-        if self.kind.entries is not None and self.kind.entries in record:
-            self._absorb_entries(record[self.kind.entries] or [], n)
+        key, id_key = self.kind.entries, self.kind.entry_id
+        if key is not None and id_key is not None and key in record:
+            self._absorb_entries(record[key] or [], id_key, n)
 
-    def _absorb_entries(self, entries: list[dict[str, Any]], row_n: int) -> None:
+    def _absorb_entries(self, entries: list[dict[str, Any]], id_key: str, row_n: int) -> None:
         if self.entries is None:
             self.entries = {}
         for entry in entries:
-            merged = self.entries.setdefault(entry.get(self.kind.entry_id), _Fields())
+            merged = self.entries.setdefault(entry.get(id_key), _Fields())
             merged.absorb(entry, entry.get("n", row_n), self.kind)
 
     def emit(self) -> dict[str, Any]:
         row: dict[str, Any] = {"t": self.t, "t0": self.t0, "n": self.n, **self.fields.values()}
-        if self.entries is not None:
+        if self.entries is not None and self.kind.entries is not None:
             row[self.kind.entries] = [{**e.values(), **e.extremes(self.n)} for e in self.entries.values()]
         row.update(self.fields.extremes(self.n))
         return row

@@ -75,14 +75,15 @@ def _row_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, text) of each row, newline included; a last line cut short is left out, as
     bundle.read_jsonl does."""
     with open(path, "rb") as f:
-        for number, text in enumerate(f, start=1):
-            if not text.strip():
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
                 continue
-            if not text.endswith(b"\n"):  # only the last line can lack its newline
-                if not _parses(text):
-                    return  # the writer was killed mid-line
-                text += b"\n"
-            yield number, text
+            if line.endswith(b"\n"):
+                yield number, line
+            elif _parses(line):  # only the last line can lack its newline
+                yield number, line + b"\n"
+            else:
+                return  # the writer was killed mid-line
 
 
 def _loads(text: bytes) -> Any:

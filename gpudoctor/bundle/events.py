@@ -7,7 +7,7 @@ records of their own, which the events extend.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -15,7 +15,7 @@ from gpudoctor.bundle.records import Count, Record, Seconds, Site
 
 
 # -- facts the manifest keeps too ------------------------------------------------------------------
-class ProcessFacts(Record):
+class ProcessFacts(Record, frozen=True):
     """The script's process, as it started."""
 
     pid: int | None = None
@@ -30,13 +30,13 @@ class ProcessFacts(Record):
     main_native_id: int | None = None  # the OS id of the main thread, as in the process samples
 
 
-class TorchFacts(Record):
+class TorchFacts(Record, frozen=True):
     version: str | None = None
     cuda_build: str | None = None
     cuda_built: bool | None = None
 
 
-class CudaDevice(Record):
+class CudaDevice(Record, frozen=True):
     """The device the script trains on, as torch saw it when the window opened."""
 
     index: int = 0
@@ -47,7 +47,7 @@ class CudaDevice(Record):
     multiprocessors: int | None = None
 
 
-class WindowFacts(Record):
+class WindowFacts(Record, frozen=True):
     """torch's threads and device when the profiling window opened."""
 
     intra_op_threads: int | None = None
@@ -57,7 +57,7 @@ class WindowFacts(Record):
 
 
 # -- what a step accumulates -------------------------------------------------------------------------
-class Phases(Record):
+class Phases(Record, frozen=True):
     """Host seconds in each phase of a step (inside the window only)."""
 
     forward: Seconds = 0.0
@@ -65,7 +65,7 @@ class Phases(Record):
     optimizer: Seconds = 0.0
 
 
-class CopyRow(Record):
+class CopyRow(Record, frozen=True):
     """Host<->device copies from one line within one step."""
 
     direction: Literal["h2d", "d2h"]
@@ -78,7 +78,7 @@ class CopyRow(Record):
     site: Site | None = None
 
 
-class SyncRow(Record):
+class SyncRow(Record, frozen=True):
     """Synchronizing calls (.item(), print(tensor), torch.cuda.synchronize(), ...) from one line within one step."""
 
     kind: str
@@ -88,7 +88,7 @@ class SyncRow(Record):
     site: Site | None = None
 
 
-class GilSummary(Record):
+class GilSummary(Record, frozen=True):
     """Wake-up delays of the GIL probe over one step."""
 
     samples: Count
@@ -97,7 +97,7 @@ class GilSummary(Record):
     max_s: Seconds
 
 
-class CudaMemory(Record):
+class CudaMemory(Record, frozen=True):
     allocated: Count = 0
     reserved: Count = 0
     max_allocated: Count = 0
@@ -109,19 +109,19 @@ class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", omit_de
     epoch), set by the recorder when it is written."""
 
 
-class ProcessEvent(ProcessFacts, Event, tag="process"):
+class ProcessEvent(ProcessFacts, Event, tag="process", frozen=True):
     t: float | None = None
 
 
-class TorchEvent(TorchFacts, Event, tag="torch"):
+class TorchEvent(TorchFacts, Event, tag="torch", frozen=True):
     t: float | None = None
 
 
-class EnvWindowEvent(WindowFacts, Event, tag="env_window"):
+class EnvWindowEvent(WindowFacts, Event, tag="env_window", frozen=True):
     t: float | None = None
 
 
-class CollectorEvent(Record, Event, tag="collector"):
+class CollectorEvent(Record, Event, tag="collector", frozen=True):
     """A collector inside the script's process that worked or not (nvtx, the profiler), and why."""
 
     name: str
@@ -130,7 +130,7 @@ class CollectorEvent(Record, Event, tag="collector"):
     t: float | None = None
 
 
-class ThreadStartEvent(Record, Event, tag="thread_start"):
+class ThreadStartEvent(Record, Event, tag="thread_start", frozen=True):
     name: str = ""
     daemon: bool = False
     native_id: int | None = None  # the OS thread id, as in the process samples' per-thread CPU
@@ -140,7 +140,7 @@ class ThreadStartEvent(Record, Event, tag="thread_start"):
     t: float | None = None
 
 
-class ForkEvent(Record, Event, tag="fork"):
+class ForkEvent(Record, Event, tag="fork", frozen=True):
     parent_pid: int | None = None
     cuda_initialized: bool = False
     start_method: str | None = None
@@ -149,7 +149,7 @@ class ForkEvent(Record, Event, tag="fork"):
     t: float | None = None
 
 
-class LoaderEvent(Record, Event, tag="loader"):
+class LoaderEvent(Record, Event, tag="loader", frozen=True):
     """A DataLoader the script iterated, with its settings and where it was built."""
 
     loader_id: int | None = None
@@ -166,7 +166,7 @@ class LoaderEvent(Record, Event, tag="loader"):
     t: float | None = None
 
 
-class ForwardSiteEvent(Record, Event, tag="forward_site"):
+class ForwardSiteEvent(Record, Event, tag="forward_site", frozen=True):
     """Where the script calls its outermost model (once per line)."""
 
     module: str | None = None
@@ -174,13 +174,13 @@ class ForwardSiteEvent(Record, Event, tag="forward_site"):
     t: float | None = None
 
 
-class StepSourceEvent(Record, Event, tag="step_source"):
+class StepSourceEvent(Record, Event, tag="step_source", frozen=True):
     source: str
     at_step: Count = 0
     t: float | None = None
 
 
-class StepEvent(Record, Event, tag="step"):
+class StepEvent(Record, Event, tag="step", frozen=True):
     """One step, written when it ends. Only warm-up and active steps carry phases, copies, syncs, GIL and
     CUDA memory figures."""
 
@@ -207,7 +207,7 @@ class StepEvent(Record, Event, tag="step"):
                 and self.cuda_memory is None and self.window_index == 0)
 
 
-class WindowEvent(Record, Event, tag="window"):
+class WindowEvent(Record, Event, tag="window", frozen=True):
     """The profiling window opened, closed (its trace written) or ended early."""
 
     state: str  # opened | closed | ended_early
@@ -221,12 +221,12 @@ class WindowEvent(Record, Event, tag="window"):
     t: float | None = None
 
 
-class MaxStepsEvent(Record, Event, tag="max_steps"):
+class MaxStepsEvent(Record, Event, tag="max_steps", frozen=True):
     steps: Count
     t: float | None = None
 
 
-class EndEvent(Record, Event, tag="end"):
+class EndEvent(Record, Event, tag="end", frozen=True):
     """How the script's process ended: its last event (none when it was killed)."""
 
     reason: str  # completed | exit | exception | interrupted | terminated | max_steps
@@ -239,8 +239,8 @@ class EndEvent(Record, Event, tag="end"):
     t: float | None = None
 
 
-AnyEvent = Union[
-    ProcessEvent, TorchEvent, EnvWindowEvent, CollectorEvent, ThreadStartEvent, ForkEvent, LoaderEvent,
-    ForwardSiteEvent, StepSourceEvent, StepEvent, WindowEvent, MaxStepsEvent, EndEvent,
-]
+AnyEvent: TypeAlias = (
+    ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | LoaderEvent
+    | ForwardSiteEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent | EndEvent
+)
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

@@ -18,13 +18,13 @@ from gpudoctor.bundle.records import Count, Record, Seconds, Site
 from gpudoctor.errors import BundleError
 
 
-class Target(Record):
+class Target(Record, frozen=True):
     script: str | None = None
     module: str | None = None
-    args: list[str] = []
+    args: list[str] = msgspec.field(default_factory=list)
 
 
-class HostInfo(Record):
+class HostInfo(Record, frozen=True):
     hostname: str | None = None
     platform: str | None = None
     cpu_count: int | None = None
@@ -32,7 +32,7 @@ class HostInfo(Record):
     memory_total: int | None = None
 
 
-class GpuInfo(Record):
+class GpuInfo(Record, frozen=True):
     """One GPU as NVML describes it."""
 
     index: int = 0
@@ -43,7 +43,7 @@ class GpuInfo(Record):
     pcie_width: int | None = None
 
 
-class WindowSettings(Record):
+class WindowSettings(Record, frozen=True):
     """The profiling window asked for, in steps (see gpudoctor.collect.config.WindowConfig)."""
 
     wait: Count = 5
@@ -52,7 +52,7 @@ class WindowSettings(Record):
     every_s: Seconds | None = None
 
 
-class CollectorStatus(Record, omit_defaults=True):
+class CollectorStatus(Record, omit_defaults=True, frozen=True):
     """A collector that worked (with what it measured) or did not (with why); only what is known is written."""
 
     ok: bool
@@ -62,13 +62,13 @@ class CollectorStatus(Record, omit_defaults=True):
     sampler_cpu_s: Seconds | None = None
 
 
-class ExceptionInfo(Record):
+class ExceptionInfo(Record, frozen=True):
     exception: str | None = None
     message: str | None = None
     where: Site | None = None
 
 
-class ExitInfo(Record):
+class ExitInfo(Record, frozen=True):
     """How the script ended: completed, exit, exception, signal, timeout, interrupted, max_steps or no_start."""
 
     ending: str = "unknown"
@@ -79,7 +79,7 @@ class ExitInfo(Record):
     exception: ExceptionInfo | None = None
 
 
-class ChildFacts(Record):
+class ChildFacts(Record, frozen=True):
     """What the script's process reported about itself (from its events)."""
 
     process: ProcessFacts | None = None
@@ -87,7 +87,7 @@ class ChildFacts(Record):
     env_window: WindowFacts | None = None
 
 
-class Manifest(Record):
+class Manifest(Record, frozen=True):
     schema_version: int
     gpudoctor_version: str | None = None
     created: str | None = None  # ISO 8601
@@ -96,14 +96,14 @@ class Manifest(Record):
     cwd: str | None = None
     python: str | None = None
     host: HostInfo = HostInfo()
-    gpus: list[GpuInfo] = []
+    gpus: list[GpuInfo] = msgspec.field(default_factory=list)
     driver: str | None = None
     window: WindowSettings | None = None  # None for a bare trace, which had no gpudoctor window
     max_steps: int | None = None
     with_stack: bool = False
     timeout_s: Seconds | None = None
-    collectors: dict[str, CollectorStatus] = {}
-    files: list[str] = []
+    collectors: dict[str, CollectorStatus] = msgspec.field(default_factory=dict)
+    files: list[str] = msgspec.field(default_factory=list)
     duration_s: Seconds | None = None
     exit: ExitInfo | None = None
     child: ChildFacts = ChildFacts()
@@ -144,7 +144,9 @@ def _check_version(path: Path, raw: bytes) -> None:
         version = _VERSION_DECODER.decode(raw).schema_version
     except msgspec.ValidationError as exc:
         if "schema_version" in str(exc) and "missing" not in str(exc):
-            raise BundleError(f"{path} is not a gpudoctor manifest: its schema_version is not a whole number.") from None
+            raise BundleError(
+                f"{path} is not a gpudoctor manifest: its schema_version is not a whole number."
+            ) from None
         raise BundleError(f"{path} is not a gpudoctor manifest: it has no schema_version.") from None
     except msgspec.DecodeError as exc:
         raise BundleError(f"{path} is corrupt: it is not valid JSON ({exc}).") from None

@@ -16,14 +16,17 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class Record(msgspec.Struct, kw_only=True, frozen=True):
-    """A record of a bundle file; unknown keys (from a newer gpudoctor) are ignored."""
+    """A record of a bundle file; unknown keys (from a newer gpudoctor) are ignored.
+
+    Every subclass says `frozen=True` again: msgspec inherits it, but a type checker reads it class by class.
+    """
 
     def to_json(self) -> dict[str, object]:
         """The record as plain JSON data (dicts, lists, numbers, strings)."""
         return cast("dict[str, object]", msgspec.to_builtins(self))  # a Struct becomes an object
 
 
-class Site(Record):
+class Site(Record, frozen=True):
     """A line in the user's code: where a loader was built, a copy made, a thread started."""
 
     file: str

@@ -15,7 +15,7 @@ from gpudoctor.bundle.records import Count, Record, Seconds
 Extremes = dict[str, "float | list[float]"]
 
 
-class Merged(Record, omit_defaults=True):
+class Merged(Record, omit_defaults=True, frozen=True):
     """What a compacted row or entry adds to a raw one."""
 
     t0: float | None = None
@@ -38,9 +38,10 @@ def _extreme(extremes: Extremes | None, key: str, value: float | None) -> float 
     return found if isinstance(found, (int, float)) else value
 
 
-class HostRow(Merged, kw_only=True):
+class HostRow(Merged, kw_only=True, frozen=True):
     t: float
-    cpu_pct: list[float] = []  # per core, over the interval since the previous sample
+    # per core, over the interval since the previous sample
+    cpu_pct: list[float] = msgspec.field(default_factory=list)
     load: list[float] | None = None  # 1, 5 and 15 minute load averages
     mem_total: float | None = None
     mem_available: float | None = None
@@ -49,7 +50,7 @@ class HostRow(Merged, kw_only=True):
     swap_out: float | None = None
 
 
-class ProcEntry(Merged, kw_only=True):
+class ProcEntry(Merged, kw_only=True, frozen=True):
     """One process of the script's tree. CPU seconds and context switches are running totals."""
 
     pid: int
@@ -60,15 +61,16 @@ class ProcEntry(Merged, kw_only=True):
     threads: float | None = None
     ctx_vol: float | None = None
     ctx_invol: float | None = None
-    thread_cpu: dict[str, float] = {}  # CPU seconds of each thread, by OS thread id
+    # CPU seconds of each thread, by OS thread id
+    thread_cpu: dict[str, float] = msgspec.field(default_factory=dict)
 
 
-class ProcsRow(Merged, kw_only=True):
+class ProcsRow(Merged, kw_only=True, frozen=True):
     t: float
-    procs: list[ProcEntry] = []
+    procs: list[ProcEntry] = msgspec.field(default_factory=list)
 
 
-class GpuEntry(Merged, kw_only=True):
+class GpuEntry(Merged, kw_only=True, frozen=True):
     """One GPU, from NVML; a field the driver does not support is None."""
 
     gpu: int
@@ -84,9 +86,9 @@ class GpuEntry(Merged, kw_only=True):
 GPU_GAUGES = ("util", "mem_util", "mem_used", "sm_mhz", "power_w", "pcie_tx_kbs", "pcie_rx_kbs")
 
 
-class GpuRow(Merged, kw_only=True):
+class GpuRow(Merged, kw_only=True, frozen=True):
     t: float
-    gpus: list[GpuEntry] = []
+    gpus: list[GpuEntry] = msgspec.field(default_factory=list)
 
 
 HOST_ROWS = msgspec.json.Decoder(HostRow)

@@ -124,7 +124,8 @@ def _tier_of(t: float | None, now: float, tiers: Sequence[Tier]) -> int | None:
 
 
 def _layout(times: Sequence[float | None], tiers: list[int | None], widths: list[float]) -> Plan:
-    keys = [None if tier is None else (tier, int(t // widths[tier])) for t, tier in zip(times, tiers)]
+    # A row has a tier only when its time is a number (_tier_of): the None check is for the type checker.
+    keys = [None if tier is None or t is None else (tier, int(t // widths[tier])) for t, tier in zip(times, tiers)]
     return Plan(tuple(widths), keys, _count_rows(keys))
 
 

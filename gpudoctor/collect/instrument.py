@@ -8,16 +8,24 @@ the GIL probe, since those wrap calls that a step makes many times.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import multiprocessing
 import os
 import sys
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 from gpudoctor.bundle.events import (
-    CudaDevice, EnvWindowEvent, ForkEvent, ForwardSiteEvent, LoaderEvent, ThreadStartEvent, TorchEvent,
+    CudaDevice,
+    EnvWindowEvent,
+    ForkEvent,
+    ForwardSiteEvent,
+    LoaderEvent,
+    ThreadStartEvent,
+    TorchEvent,
 )
 from gpudoctor.collect.callsite import user_location
 from gpudoctor.collect.gilprobe import GilProbe
@@ -289,10 +297,10 @@ class Instrumentation:
             "__repr__": "print", "__format__": "print",
         }
         for name, kind in tensor_methods.items():
-            self._in_window.wrap(torch.Tensor, name, lambda original, kind=kind: timed(kind, original, True))
+            self._in_window.wrap(torch.Tensor, name, functools.partial(timed, kind, on_cuda_tensor=True))
         if torch.cuda.is_available():
             for name in ("synchronize", "empty_cache"):
-                self._in_window.wrap(torch.cuda, name, lambda original, kind=name: timed(kind, original, False))
+                self._in_window.wrap(torch.cuda, name, functools.partial(timed, name, on_cuda_tensor=False))
 
 
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):
@@ -337,7 +345,7 @@ def _non_blocking(args: tuple, kwargs: dict) -> bool:
 
 
 def _in_dataloader_stack() -> bool:
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.endswith(os.path.join("torch", "utils", "data", "dataloader.py")):
             return True
@@ -360,7 +368,7 @@ def _loader_event(loader: Any) -> LoaderEvent:
 def _safe_len(obj: Any) -> int | None:
     try:
         return len(obj)
-    except Exception:  # an IterableDataset has no length
+    except Exception:  # noqa: BLE001 - an IterableDataset has no length, and a dataset's own __len__ may raise anything
         return None
 
 

@@ -13,7 +13,7 @@ def _nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any], str]:
         import nvtx
 
         return (lambda name: nvtx.push_range(name, domain=DOMAIN)), (lambda: nvtx.pop_range(domain=DOMAIN)), "ok"
-    except Exception as exc:  # the nvtx package is optional at run time: no ranges then, and the manifest says why
+    except Exception as exc:  # noqa: BLE001 - nvtx is optional at run time: no ranges then, and the manifest says why
         reason = f"the nvtx package could not be imported ({exc.__class__.__name__}: {exc})"
         return (lambda name: None), (lambda: None), reason
 

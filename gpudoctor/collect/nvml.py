@@ -5,6 +5,7 @@ A field the driver does not support is left out of the sample, never written as 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +33,10 @@ class Nvml:
             raise NvmlUnavailable("NVML found no GPU")
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
 
-    def _read(self, call: Callable[[], Any]) -> Any:
+    def _read(self, call: Callable[..., Any], *args: Any) -> Any:
+        """call(*args), or None where the driver cannot answer."""
         try:
-            return call()
+            return call(*args)
         except self._nvml.NVMLError:
             return None
 
@@ -43,13 +45,13 @@ class Nvml:
         driver = self._read(n.nvmlSystemGetDriverVersion)
         gpus = []
         for index, h in enumerate(self.handles):
-            memory = self._read(lambda h=h: n.nvmlDeviceGetMemoryInfo(h))
+            memory = self._read(n.nvmlDeviceGetMemoryInfo, h)
             gpus.append(GpuInfo(
-                index=index, name=_text(self._read(lambda h=h: n.nvmlDeviceGetName(h))),
-                uuid=_text(self._read(lambda h=h: n.nvmlDeviceGetUUID(h))),
+                index=index, name=_text(self._read(n.nvmlDeviceGetName, h)),
+                uuid=_text(self._read(n.nvmlDeviceGetUUID, h)),
                 memory_total=memory.total if memory else None,
-                pcie_gen=self._read(lambda h=h: n.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                pcie_width=self._read(lambda h=h: n.nvmlDeviceGetMaxPcieLinkWidth(h)),
+                pcie_gen=self._read(n.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                pcie_width=self._read(n.nvmlDeviceGetMaxPcieLinkWidth, h),
             ))
         return gpus, _text(driver)
 
@@ -58,25 +60,23 @@ class Nvml:
 
     def _sample_one(self, index: int, h: Any, with_pcie: bool) -> GpuEntry:
         n = self._nvml
-        util = self._read(lambda: n.nvmlDeviceGetUtilizationRates(h))
-        memory = self._read(lambda: n.nvmlDeviceGetMemoryInfo(h))
-        power = self._read(lambda: n.nvmlDeviceGetPowerUsage(h))
-        pcie: dict[str, float | None] = {}
+        util = self._read(n.nvmlDeviceGetUtilizationRates, h)
+        memory = self._read(n.nvmlDeviceGetMemoryInfo, h)
+        power = self._read(n.nvmlDeviceGetPowerUsage, h)
+        pcie_tx = pcie_rx = None
         if with_pcie:  # each PCIe query measures over ~20 ms, so it is read less often
-            for key, counter in (("pcie_tx_kbs", n.NVML_PCIE_UTIL_TX_BYTES), ("pcie_rx_kbs", n.NVML_PCIE_UTIL_RX_BYTES)):
-                pcie[key] = self._read(lambda c=counter: n.nvmlDeviceGetPcieThroughput(h, c))
+            pcie_tx = self._read(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_TX_BYTES)
+            pcie_rx = self._read(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_RX_BYTES)
         return GpuEntry(
             gpu=index, util=util.gpu if util is not None else None, mem_util=util.memory if util is not None else None,
             mem_used=memory.used if memory is not None else None,
-            sm_mhz=self._read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
-            power_w=power / 1000.0 if power is not None else None, **pcie,
+            sm_mhz=self._read(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
+            power_w=power / 1000.0 if power is not None else None, pcie_tx_kbs=pcie_tx, pcie_rx_kbs=pcie_rx,
         )
 
     def shutdown(self) -> None:
-        try:
+        with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError:
-            pass
 
 
 def _text(value: Any) -> Any:

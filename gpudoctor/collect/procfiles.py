@@ -49,7 +49,7 @@ class HeldFile:
     """A /proc file kept open. A pread at offset 0 returns its current content in one system call; once its
     process (or thread) has exited, reads fail, even if the pid has been given to another process since."""
 
-    __slots__ = ("_fd", "_size", "_files")
+    __slots__ = ("_fd", "_files", "_size")
 
     def __init__(self, files: ProcFiles, path: str, size: int) -> None:
         self._fd = os.open(path, os.O_RDONLY)

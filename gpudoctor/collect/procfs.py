@@ -8,6 +8,7 @@ that psutil's readers (collect.psutil_readers) give.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import defaultdict
@@ -15,7 +16,6 @@ from collections import defaultdict
 import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
-
 from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file
 
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
@@ -248,10 +248,8 @@ class TrackedProcess:
             self._forget_thread(tid)
         for tid in tids:
             if tid not in self._threads:
-                try:
+                with contextlib.suppress(OSError):  # the thread has exited
                     self._threads[tid] = self._files.open(f"/proc/{self.pid}/task/{tid}/stat")
-                except OSError:  # the thread has exited
-                    pass
 
     def child_pids(self) -> list[int]:
         """The children of all its threads (a child belongs to the thread that started it)."""
@@ -259,7 +257,7 @@ class TrackedProcess:
             self._list_threads()
         except OSError:
             return []
-        pids = []
+        pids: list[int] = []
         for tid in self._threads:
             try:
                 pids.extend(int(pid) for pid in self._children_file(tid).read().split())

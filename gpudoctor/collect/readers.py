@@ -14,7 +14,6 @@ from typing import Protocol
 import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
-
 from gpudoctor.collect.procfiles import ProcFiles
 from gpudoctor.collect.procfs import ProcfsHost, ProcfsTree
 from gpudoctor.collect.psutil_readers import PsutilHost, PsutilTree

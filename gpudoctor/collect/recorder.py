@@ -17,8 +17,17 @@ import msgspec
 
 from gpudoctor.bundle import EVENTS, JsonlWriter
 from gpudoctor.bundle.events import (
-    AnyEvent, CollectorEvent, CopyRow, CudaMemory, EndEvent, GilSummary, MaxStepsEvent, Phases, StepEvent,
-    StepSourceEvent, SyncRow,
+    AnyEvent,
+    CollectorEvent,
+    CopyRow,
+    CudaMemory,
+    EndEvent,
+    GilSummary,
+    MaxStepsEvent,
+    Phases,
+    StepEvent,
+    StepSourceEvent,
+    SyncRow,
 )
 from gpudoctor.bundle.records import Site
 from gpudoctor.collect import window as window_states
@@ -258,5 +267,5 @@ def active() -> Recorder | None:
 
 
 def set_active(recorder: Recorder | None) -> None:
-    global _active
+    global _active  # noqa: PLW0603 - the one recorder of this process, for the patched functions to find
     _active = recorder

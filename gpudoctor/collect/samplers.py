@@ -12,6 +12,7 @@ whose samples stay as they were taken.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -92,10 +93,8 @@ class SampleFile:
     def compact(self, now: float, keep: list[tuple[float, float]]) -> None:
         self._next_compaction = now + COMPACT_EVERY_S
         self._writer.close()  # the file is replaced: a writer left open would append to the old one
-        try:
+        with contextlib.suppress(Exception):  # a file that cannot be compacted stays as it is; sampling goes on
             compact_file(self.path, self.kind, now, keep=keep)
-        except Exception:  # noqa: BLE001 - a file that cannot be compacted stays as it is; sampling goes on
-            pass
         self._writer = JsonlWriter(self.path)
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -80,7 +81,7 @@ class ProfilerWindow:
         if self._profiler is not None:
             try:
                 self._profiler.stop()
-            except Exception as exc:  # the trace is lost, the run is not
+            except Exception as exc:  # noqa: BLE001 - the trace is lost, the run is not
                 self._fail(f"torch.profiler failed while stopping: {exc}")
             self._profiler = None
         if self.state != FAILED:
@@ -104,7 +105,7 @@ class ProfilerWindow:
                 with_stack=self._with_stack,
             )
             self._profiler.start()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - without a profiler the script still runs, and the manifest says why
             self._profiler = None
             self._fail(f"torch.profiler could not start: {exc.__class__.__name__}: {exc}")
             return
@@ -122,7 +123,7 @@ class ProfilerWindow:
         try:
             profiler.export_chrome_trace(str(partial))
             os.replace(partial, final)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the window's trace is lost, the script runs on
             self._fail(f"the profiler trace could not be written: {exc.__class__.__name__}: {exc}")
             return
         self.state = CLOSED
@@ -131,10 +132,8 @@ class ProfilerWindow:
                                trace=final.name))
 
     def _release(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the trace is already on disk; a failure to tear down changes nothing
             self._profiler.stop()
-        except Exception:  # the trace is already on disk; a failure to tear down changes nothing
-            pass
         self._profiler = None
 
     def _fail(self, reason: str) -> None:

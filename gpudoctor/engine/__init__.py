@@ -12,12 +12,24 @@
 from __future__ import annotations
 
 from gpudoctor.engine.api import (
-    CATEGORIES, CODE_PATTERN, NAME_PATTERN, REQUIRED_SECTIONS, SEVERITIES, Finding, Rule, RuleFunction, rule, rule_of,
+    CATEGORIES,
+    CODE_PATTERN,
+    NAME_PATTERN,
+    REQUIRED_SECTIONS,
+    SEVERITIES,
+    Finding,
+    Rule,
+    RuleFunction,
+    rule,
+    rule_of,
 )
 from gpudoctor.engine.loading import BUILTIN_PREFIX, ENTRY_POINT_GROUP, builtin_rules, load_rules, rules_in
 from gpudoctor.engine.lookup import find_rule, select_rules
 from gpudoctor.engine.options import (
-    ProjectConfig, load_project_config, parse_cli_options, resolve_options,
+    ProjectConfig,
+    load_project_config,
+    parse_cli_options,
+    resolve_options,
 )
 from gpudoctor.engine.retired import retired_codes, retired_reason
 from gpudoctor.engine.runner import EngineResult, finding_key, rank, run_rules

@@ -111,13 +111,16 @@ def missing_sections(doc: str) -> list[str]:
 # -- checks at declaration -----------------------------------------------------------------------
 def check_code(code: str, where: str) -> None:
     if not CODE_PATTERN.match(code):
-        raise RuleLoadError(f"{where}rule code '{code}' is malformed: use a prefix of capital letters and three digits, "
-                            "e.g. ACME101.")
+        raise RuleLoadError(
+            f"{where}rule code '{code}' is malformed: use a prefix of capital letters and three digits, e.g. ACME101."
+        )
 
 
 def check_category(code: str, category: str, where: str) -> None:
     if category not in CATEGORIES:
-        raise RuleLoadError(f"{where}rule {code} category '{category}' is unknown; use one of: {', '.join(CATEGORIES)}.")
+        raise RuleLoadError(
+            f"{where}rule {code} category '{category}' is unknown; use one of: {', '.join(CATEGORIES)}."
+        )
 
 
 def _check_declaration(code: str, name: str, category: str, severity: str, where: str) -> None:
@@ -140,7 +143,9 @@ def _rule_options(func: Callable[..., Any], code: str, where: str) -> dict[str, 
     """The rule's options: keyword parameters with defaults after the first parameter, `run`."""
     params = list(inspect.signature(func).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        raise RuleLoadError(f"{where}rule {code} must take the run as its first parameter: def {func.__name__}(run, ...).")
+        raise RuleLoadError(
+            f"{where}rule {code} must take the run as its first parameter: def {func.__name__}(run, ...)."
+        )
     options = {}
     for param in params[1:]:
         if param.default is inspect.Parameter.empty or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -93,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         page = path.read_text(encoding="utf-8")
     except OSError as exc:
-        print(f"{path}: cannot be read ({exc.strerror}); run this from the source tree, or name the page.", file=sys.stderr)
+        print(f"{path}: cannot be read ({exc.strerror}); run this from the source tree, or name the page.",
+              file=sys.stderr)
         return 2
     current = with_rules(page, builtin_rules())
     if check:

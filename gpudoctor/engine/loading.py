@@ -36,7 +36,7 @@ def _import_file(path: Path, namespace: str) -> ModuleType:
         spec.loader.exec_module(module)
     except RuleLoadError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a rule file raises on import becomes one error naming it
         del sys.modules[name]
         raise RuleLoadError(f"{_failed_at(exc, path)}: failed to import: {type(exc).__name__}: {exc}. Fix the file, "
                             "or leave it out of --rules and of [tool.gpudoctor] in pyproject.toml.") from None
@@ -98,8 +98,10 @@ def _entry_point_rules(ep: EntryPoint) -> list[Rule]:
     """An entry point names a module (every rule in it), a rule, or a list of rules."""
     try:
         loaded = ep.load()
-    except Exception as exc:
-        raise RuleLoadError(f"entry point {ep.name} ({ep.value}) in group {ENTRY_POINT_GROUP} failed to load: {exc}.") from None
+    except Exception as exc:  # noqa: BLE001 - whatever a plugin raises on import becomes one error naming it
+        raise RuleLoadError(
+            f"entry point {ep.name} ({ep.value}) in group {ENTRY_POINT_GROUP} failed to load: {exc}."
+        ) from None
     if isinstance(loaded, ModuleType):
         return rules_in(loaded)
     return _rules_among(loaded if isinstance(loaded, list) else [loaded])

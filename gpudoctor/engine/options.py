@@ -59,7 +59,9 @@ def load_project_config(start: Path | None = None) -> ProjectConfig:
     table = data.get("tool", {}).get("gpudoctor", {})
     rules = table.get("rules", [])
     paths = rules if isinstance(rules, list) else rules.get("paths", [])
-    options = {code: value for code, value in rules.items() if isinstance(value, dict)} if isinstance(rules, dict) else {}
+    options: dict[str, dict[str, Any]] = {}
+    if isinstance(rules, dict):
+        options = {code: value for code, value in rules.items() if isinstance(value, dict)}
     return ProjectConfig(
         source=path, rule_paths=[_relative_to(path.parent, p) for p in paths],
         select=list(table.get("select", [])), ignore=list(table.get("ignore", [])), options=options,
@@ -79,7 +81,9 @@ def parse_cli_options(items: list[str]) -> dict[str, dict[str, str]]:
         key, sep, value = item.partition("=")
         code, dot, name = key.partition(".")
         if not sep or not dot or not code or not name:
-            raise RuleLoadError(f"--rule-option {item!r} must look like CODE.option=value, e.g. GD101.min_wait_share=0.2.")
+            raise RuleLoadError(
+                f"--rule-option {item!r} must look like CODE.option=value, e.g. GD101.min_wait_share=0.2."
+            )
         options.setdefault(code, {})[name] = value
     return options
 

@@ -15,7 +15,11 @@ import msgspec
 
 from gpudoctor.analysis import NotEvaluated, Run
 from gpudoctor.bundle.findings import (
-    Evidence, FindingLocation, FindingRecord, NotEvaluatedRecord, RuleErrorRecord,
+    Evidence,
+    FindingLocation,
+    FindingRecord,
+    NotEvaluatedRecord,
+    RuleErrorRecord,
 )
 from gpudoctor.engine.api import SEVERITIES, Finding, Rule, RuleFunction, rule_of
 
@@ -111,7 +115,7 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
         except NotEvaluated as exc:
             not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=str(exc)))
             continue
-        except Exception as exc:  # a rule's bug is an error row; the other rules still run
+        except Exception as exc:  # noqa: BLE001 - a rule's bug is an error row; the other rules still run
             errors.append(_error(r, exc))
             continue
         findings.extend(finding_record(r, f) for f in produced)

@@ -29,11 +29,22 @@ point at, and `check_findings` compares findings with them (gpudoctor.testing.ex
 from __future__ import annotations
 
 from gpudoctor.testing.assertions import (
-    RuleRaised, assert_fires, assert_not_evaluated, assert_silent, evaluate, run_rule,
+    RuleRaised,
+    assert_fires,
+    assert_not_evaluated,
+    assert_silent,
+    evaluate,
+    run_rule,
 )
 from gpudoctor.testing.builder import BundleBuilder
 from gpudoctor.testing.expectations import (
-    Expectation, ExpectationError, Expectations, Mismatch, check_findings, parse_expectations, read_expectations,
+    Expectation,
+    ExpectationError,
+    Expectations,
+    Mismatch,
+    check_findings,
+    parse_expectations,
+    read_expectations,
 )
 from gpudoctor.testing.fixtures import FIXTURES_ENV, available_fixtures, fixture_path, load_fixture
 

@@ -22,8 +22,19 @@ from gpudoctor.testing.built_events import events
 from gpudoctor.testing.built_files import write_bundle
 from gpudoctor.testing.sites import SITE_DEFAULT, Site
 from gpudoctor.testing.spec import (
-    DEFAULT_PID, DEFAULT_START, DEFAULT_STREAM, PROFILER_REASON, BundleSpec, ExitSpec, GiB, GpuOp, HostSpec,
-    ProcessSpec, RuntimeCall, Settings, StepSpec,
+    DEFAULT_PID,
+    DEFAULT_START,
+    DEFAULT_STREAM,
+    PROFILER_REASON,
+    BundleSpec,
+    ExitSpec,
+    GiB,
+    GpuOp,
+    HostSpec,
+    ProcessSpec,
+    RuntimeCall,
+    Settings,
+    StepSpec,
 )
 
 _DEFAULT_LINES = {"loader": 40, "thread": 30, "fork": 40, "copy": 52, "sync": 58}
@@ -37,8 +48,9 @@ class BundleBuilder:
     after wait and warmup". `script` names the profiled script (call sites default to lines in it).
     """
 
-    def __init__(self, path: Path | str, *, script: str = "train.py", window: tuple[int, int, int | None] = (0, 0, None),
-                 start: float = DEFAULT_START, pid: int = DEFAULT_PID) -> None:
+    def __init__(self, path: Path | str, *, script: str = "train.py",
+                 window: tuple[int, int, int | None] = (0, 0, None), start: float = DEFAULT_START,
+                 pid: int = DEFAULT_PID) -> None:
         self.path = Path(path)
         self.script = script
         self.wait, self.warmup, self.active = window
@@ -181,9 +193,9 @@ class BundleBuilder:
             self.process()
         return [self.process(cores, name="pt_data_worker", **kwargs) for _ in range(n)]
 
-    def host_samples(self, other_cores: float = 0.0, *, tree_cores: float | None = None, busy_cores: float | None = None,
-                     swap_in_bps: float = 0.0, swap_out_bps: float = 0.0, swap_used: int = 0,
-                     mem_available: int | None = None, load1: float | None = None,
+    def host_samples(self, other_cores: float = 0.0, *, tree_cores: float | None = None,
+                     busy_cores: float | None = None, swap_in_bps: float = 0.0, swap_out_bps: float = 0.0,
+                     swap_used: int = 0, mem_available: int | None = None, load1: float | None = None,
                      interval_s: float = 0.1) -> BundleBuilder:
         """The host, sampled every `interval_s` over the run: the script's tree uses `tree_cores` (or what
         its `process()`es use), other programs `other_cores`, so the host is `busy_cores` busy (by default

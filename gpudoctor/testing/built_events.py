@@ -12,11 +12,24 @@ from typing import TypeVar
 import msgspec
 
 from gpudoctor.bundle.events import (
-    AnyEvent, CollectorEvent, EndEvent, EnvWindowEvent, ForkEvent, LoaderEvent, ProcessEvent, ProcessFacts,
-    StepEvent, StepSourceEvent, ThreadStartEvent, TorchEvent, TorchFacts, WindowEvent, WindowFacts,
+    AnyEvent,
+    CollectorEvent,
+    EndEvent,
+    EnvWindowEvent,
+    ForkEvent,
+    LoaderEvent,
+    ProcessEvent,
+    ProcessFacts,
+    StepEvent,
+    StepSourceEvent,
+    ThreadStartEvent,
+    TorchEvent,
+    TorchFacts,
+    WindowEvent,
+    WindowFacts,
 )
 from gpudoctor.bundle.layout import TRACE
-from gpudoctor.testing.spec import H100, H100_MEMORY, GiB, BundleSpec, StepSpec
+from gpudoctor.testing.spec import H100, H100_MEMORY, BundleSpec, GiB, StepSpec
 
 Timed = TypeVar("Timed", ThreadStartEvent, LoaderEvent, ForkEvent)
 KILLED = ("signal", "timeout")  # endings whose process wrote no end event

@@ -5,7 +5,15 @@ from __future__ import annotations
 from gpudoctor import __version__
 from gpudoctor.bundle.layout import SCHEMA_VERSION
 from gpudoctor.bundle.manifest import (
-    ChildFacts, CollectorStatus, ExceptionInfo, ExitInfo, GpuInfo, HostInfo, Manifest, Target, WindowSettings,
+    ChildFacts,
+    CollectorStatus,
+    ExceptionInfo,
+    ExitInfo,
+    GpuInfo,
+    HostInfo,
+    Manifest,
+    Target,
+    WindowSettings,
 )
 from gpudoctor.testing.built_events import process_facts, torch_facts, window_facts
 from gpudoctor.testing.spec import H100, H100_MEMORY, BundleSpec

@@ -7,7 +7,7 @@ rates analysis derives from them are exactly the ones the test gave.
 from __future__ import annotations
 
 from gpudoctor.bundle.samples import GpuRow, HostRow, Merged, ProcEntry, ProcsRow
-from gpudoctor.testing.spec import GiB, BundleSpec, HostSpec, ProcessSpec
+from gpudoctor.testing.spec import BundleSpec, GiB, HostSpec, ProcessSpec
 
 
 def sample_files(spec: BundleSpec) -> dict[str, list[Merged]]:

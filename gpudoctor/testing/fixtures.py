@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import tarfile
@@ -14,7 +15,6 @@ from gpudoctor.analysis import Run
 
 FIXTURES_ENV = "GPUDOCTOR_FIXTURES"
 _extracted: dict[Path, Path] = {}
-_cache_root: Path | None = None
 
 
 def _default_fixtures_dir() -> Path:
@@ -29,7 +29,7 @@ def fixture_path(name: str, root: Path | str | None = None) -> Path:
     direct = base / name
     if (direct / bundle_io.MANIFEST).is_file():
         return direct
-    archives = [base / f"{name}.tar.gz"] + sorted(p for p in base.glob("*.tar.gz") if p.name != f"{name}.tar.gz")
+    archives = [base / f"{name}.tar.gz", *sorted(p for p in base.glob("*.tar.gz") if p.name != f"{name}.tar.gz")]
     for archive in archives:
         if archive.is_file():
             extracted = _extract(archive)
@@ -57,14 +57,18 @@ def load_fixture(name: str, root: Path | str | None = None) -> Run:
     return Run.from_bundle(fixture_path(name, root))
 
 
+@functools.cache
+def _cache_root() -> Path:
+    """The temporary directory archives are extracted into, made at the first extraction, removed at exit."""
+    root = Path(tempfile.mkdtemp(prefix="gpudoctor-fixtures-"))
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
 def _extract(archive: Path) -> Path:
-    global _cache_root
     archive = archive.resolve()
     if archive not in _extracted:
-        if _cache_root is None:
-            _cache_root = Path(tempfile.mkdtemp(prefix="gpudoctor-fixtures-"))
-            atexit.register(shutil.rmtree, _cache_root, True)
-        target = _cache_root / f"{len(_extracted)}-{archive.name.removesuffix('.tar.gz')}"
+        target = _cache_root() / f"{len(_extracted)}-{archive.name.removesuffix('.tar.gz')}"
         target.mkdir()
         with tarfile.open(archive) as tar:
             _safe_extract(tar, target)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, TypeAlias
 
-Site = Union[tuple[str, int, str], dict[str, Any], None]
+Site: TypeAlias = tuple[str, int, str] | dict[str, Any] | None
 SITE_DEFAULT: Any = object()  # "use the default call site for this kind of event"
 
 

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpudoctor.bundle.events import (
-    CopyRow, CudaDevice, CudaMemory, ForkEvent, GilSummary, LoaderEvent, Phases, SyncRow, ThreadStartEvent,
+    CopyRow,
+    CudaDevice,
+    CudaMemory,
+    ForkEvent,
+    GilSummary,
+    LoaderEvent,
+    Phases,
+    SyncRow,
+    ThreadStartEvent,
 )
 from gpudoctor.bundle.manifest import GpuInfo
 from gpudoctor.bundle.records import Site

@@ -57,7 +57,9 @@ class Status:
     def _window_text(self) -> str:
         w = self.window
         if self.window_event == "closed":
-            return "profiled window recorded" if self.windows_recorded < 2 else f"{self.windows_recorded} profiled windows recorded"
+            if self.windows_recorded < 2:
+                return "profiled window recorded"
+            return f"{self.windows_recorded} profiled windows recorded"
         if self.window_event in ("failed", "ended_early"):
             return "profiled window not recorded"
         if self.state == "waiting":
