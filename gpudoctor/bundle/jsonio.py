@@ -8,6 +8,7 @@ where it is installed, else with the json module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -107,11 +108,9 @@ class JsonlWriter:
 
     def write(self, record: object) -> None:
         line = encode(record) + b"\n"
-        with self._lock:
-            try:
-                self._file.write(line)
-            except ValueError:  # closed, possibly by a signal handler that interrupted this very write
-                pass
+        # ValueError: closed, possibly by a signal handler that interrupted this very write
+        with self._lock, contextlib.suppress(ValueError):
+            self._file.write(line)
 
     def close(self) -> None:
         with self._lock:

@@ -13,14 +13,13 @@ import queue
 import re
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from gpudoctor.bundle.jsonio import loads as _loads
 from gpudoctor.errors import BundleError
-
 
 # A profiler trace compresses 13 to 19 times with gzip (every trace in fixtures/): one that inflates to more
 # than MAX_INFLATION times its size, or past MAX_TRACE_BYTES, is not a trace (a gzip bomb, or padding).
@@ -172,7 +171,7 @@ class TraceStream:
             chunks.close()
 
     # -- bytes in --------------------------------------------------------------------------------
-    def _chunks(self) -> Iterator[bytes]:
+    def _chunks(self) -> Generator[bytes, None, None]:
         """The decompressed file, in pieces of CHUNK_BYTES; a .gz one is inflated in a second thread
         (zlib lets go of the GIL), so that it overlaps parsing."""
         path, total = self.path, self.path.stat().st_size
@@ -268,7 +267,7 @@ class TraceStream:
                 except ValueError:
                     continue
             try:
-                events = _loads(b"[" + rest[:close] + b"]")
+                events: list[Any] = _loads(b"[" + rest[:close] + b"]")
             except ValueError:
                 break
             self.meta.update(meta)
