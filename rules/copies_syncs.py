@@ -120,7 +120,8 @@ def device_to_host_copy_in_step(run: Run, min_mb_per_step: float = 1.0, min_shar
 SYNC_FIXES = {
     "item": "accumulate on the GPU (running = running + loss.detach()) and call .item() once every N steps",
     "tolist": "keep the values on the GPU; convert once every N steps",
-    "bool": "avoid `if tensor:` on CUDA tensors in the step; compare on the GPU with torch.where, or check every N steps",
+    "bool": "avoid `if tensor:` on CUDA tensors in the step; compare on the GPU with torch.where, "
+            "or check every N steps",
     "float": "avoid float(tensor) in the step; accumulate on the GPU and read once every N steps",
     "int": "avoid int(tensor) in the step; keep the value on the GPU",
     "print": "do not print CUDA tensors in the step; log a detached copy every N steps",

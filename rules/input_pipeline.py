@@ -125,8 +125,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     """The DataLoader has workers, but too few to keep up, and the host has cores to spare.
 
     What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data
-    (or at least `min_starved_steps` of the steps wait more than half their time), the workers are CPU-busy (at least `busy_worker_cores` of a core each) and the process may use more
-    cores than it has workers.
+    (or at least `min_starved_steps` of the steps wait more than half their time), the workers are CPU-busy
+    (at least `busy_worker_cores` of a core each) and the process may use more cores than it has workers.
 
     Why it matters: each worker makes one batch at a time; when a batch takes longer to make than the
     GPU takes to consume `num_workers` of them, the GPU waits.
@@ -167,8 +167,9 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     """The DataLoader's workers use every core and still cannot keep up: per-sample work is too heavy.
 
     What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data
-    (or at least `min_starved_steps` of the steps wait more than half their time), the host's cores are at least `busy_host_share` busy, and the script's own processes use at least
-    `min_own_share` of that CPU (otherwise other programs are the cause: see GD504).
+    (or at least `min_starved_steps` of the steps wait more than half their time), the host's cores are at
+    least `busy_host_share` busy, and the script's own processes use at least `min_own_share` of that CPU
+    (otherwise other programs are the cause: see GD504).
 
     Why it matters: the CPU, not the GPU, sets the pace of training.
 
@@ -179,7 +180,7 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     if loader.num_workers == 0:
         return
     starved = _starvation(run)
-    wait, share = starved.wait_s, starved.share
+    share = starved.share
     host = run.require_host_samples().host
     cores = run.env.cores or 1
     busy_cores = statistics.fmean(p.values["busy_cores"] for p in host)

@@ -12,7 +12,9 @@ MB = 1024 * 1024
 
 
 @rule("GD401", "host-memory-pressure", category="host_memory_pressure")
-def host_memory_pressure(run: Run, min_swap_mb_per_s: float = 1.0, min_available_share: float = 0.05) -> Iterator[Finding]:
+def host_memory_pressure(
+    run: Run, min_swap_mb_per_s: float = 1.0, min_available_share: float = 0.05
+) -> Iterator[Finding]:
     """The host swaps, or is about to: training pages memory to disk.
 
     What it detects: swap-in or swap-out above `min_swap_mb_per_s` MB/s during the analysed steps, or
@@ -44,7 +46,8 @@ def host_memory_pressure(run: Run, min_swap_mb_per_s: float = 1.0, min_available
         f"Host memory is nearly full: {lowest:.0%} available",
         impact=None, impact_reason="the cost of paging depends on which thread faults; measure again after the fix",
         severity="critical" if swapping else "warning", evidence=evidence,
-        fix="reduce host memory use (memory-map the dataset, fewer loader workers, smaller prefetch_factor) or add memory",
+        fix="reduce host memory use (memory-map the dataset, fewer loader workers, smaller prefetch_factor) "
+            "or add memory",
     )
 
 
