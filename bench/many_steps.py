@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from analyze import cpu_model, measure  # noqa: E402  (bench/ is a folder of scripts, not a package)
+from analyze import cpu_model, measure  # after the path insert: bench/ is a folder of scripts, not a package
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "bundles" / "data_starvation_late"

@@ -15,6 +15,7 @@ core.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import subprocess
@@ -114,10 +115,8 @@ def stop_tree(main: subprocess.Popen, workers: list[int]) -> None:
     main.kill()
     main.wait()
     for pid in workers:
-        try:
+        with contextlib.suppress(psutil.Error):
             psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
 
 
 def last_tree(run_dir: Path) -> tuple[int, int]:

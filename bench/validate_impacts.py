@@ -52,9 +52,10 @@ def main() -> None:
         findings = run_rules(load_fixture(bad_name), [rules[code]]).findings
         predicted = min(1.0, sum(f.impact or 0.0 for f in findings))
         error = (predicted - measured) / measured if abs(measured) > 0.01 else None
-        close = "yes" if error is not None and abs(error) <= TOLERANCE else "no" if error is not None else "n/a (no gain)"
+        close = "n/a (no gain)" if error is None else "yes" if abs(error) <= TOLERANCE else "no"
         unit = "per sample" if per_sample else "per step"
-        print(f"| {bad_name} → {fixed_name} | {code} | {predicted:.0%} | {measured:.0%} | {'—' if error is None else f'{error:+.0%}'} "
+        error_text = "—" if error is None else f"{error:+.0%}"
+        print(f"| {bad_name} → {fixed_name} | {code} | {predicted:.0%} | {measured:.0%} | {error_text} "
               f"| {bad * 1e3:.2f} ms | {fixed * 1e3:.2f} ms ({unit}) | {close} "
               f"| {fixtures[bad_name]['machine'].split(',')[0]} |")
 

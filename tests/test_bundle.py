@@ -107,7 +107,8 @@ def test_manifest_describes_the_run(training_run: Result) -> None:
     assert sorted(manifest["files"]) == sorted([*BUNDLE_FILES[1:5], *gpu_samples])
 
 
-@pytest.mark.parametrize(("mode", "source"), [("train", "optimizer"), ("infer", "dataloader"), ("explicit", "explicit")])
+@pytest.mark.parametrize(("mode", "source"),
+                         [("train", "optimizer"), ("infer", "dataloader"), ("explicit", "explicit")])
 def test_step_detection(gd: Gpudoctor, mode: str, source: str) -> None:
     report = gd.cwd / "script_report.json"
     result = gd.profile(script("train_loop.py"), "--steps", "6", "--sleep-ms", "1", "--mode", mode,

@@ -90,7 +90,8 @@ def test_a_wrong_type_is_refused_at_load_naming_the_file(mutation: str, run_dir:
     assert file in message and message.endswith(".") and "\n" not in message, message
 
 
-@pytest.mark.parametrize("mutation", ["host is null", "a step whose wall time is text", "a host sample without its time"])
+@pytest.mark.parametrize("mutation",
+                         ["host is null", "a step whose wall time is text", "a host sample without its time"])
 def test_analyze_exits_65_with_one_sentence(mutation: str, run_dir: Path, gd: Gpudoctor) -> None:
     file = MUTATIONS[mutation](run_dir)
     result = gd.run("analyze", str(run_dir))

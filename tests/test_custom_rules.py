@@ -12,12 +12,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Gpudoctor, env_with
 
 import gpudoctor
 import gpudoctor.analysis
 import gpudoctor.cli
 import gpudoctor.engine.retired
+from conftest import REPO, Gpudoctor, env_with
 from gpudoctor.diagnose import RuleSelection, prepare_rules
 from gpudoctor.engine import builtin_rules, load_rules, run_rules
 from gpudoctor.errors import RuleLoadError
@@ -57,7 +57,8 @@ def write(directory: Path, name: str, source: str) -> Path:
     return path
 
 
-DOC = "Doc.\n\n    What it detects: a test.\n\n    Why it matters: tests.\n\n    Fix: none.\n    "  # the sections every rule has
+# the sections every rule has
+DOC = "Doc.\n\n    What it detects: a test.\n\n    Why it matters: tests.\n\n    Fix: none.\n    "
 
 
 def a_rule(code: str = "ACME101", name: str = "slow-loader-wait", signature: str = "run", body: str = "return []",
@@ -136,8 +137,8 @@ def test_rules_from_an_installed_package_entry_point(gd: Gpudoctor, tmp_path: Pa
     """)
     write(source, "acme_rules/__init__.py", RULE)
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(site), str(source)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(site), str(source)], check=True, capture_output=True, cwd=tmp_path)
     assert (site / "acme_rules-0.1.0.dist-info" / "entry_points.txt").is_file()
     result = gd.run("rules", "list", env=env_with(PYTHONPATH=f"{REPO}:{site}"))
     assert result.returncode == 0, result
@@ -235,8 +236,8 @@ def test_option_values_take_the_type_of_their_default(tmp_path: Path) -> None:
     [
         ("", "rule ACME101 must take the run as its first parameter: def the_rule(run, ...)."),
         ("*, max_wait_s=0.2", "rule ACME101 must take the run as its first parameter"),
-        ("run, max_wait_s", "rule ACME101 parameter 'max_wait_s' needs a default value: every parameter after `run` "
-                            "is an option (e.g. max_wait_s: float = 0.25)."),
+        ("run, max_wait_s", ("rule ACME101 parameter 'max_wait_s' needs a default value: every parameter after `run` "
+                             "is an option (e.g. max_wait_s: float = 0.25).")),
         ("run, **options", "rule ACME101 parameter 'options' needs a default value"),
     ],
 )
@@ -264,7 +265,8 @@ def test_a_file_without_rules(tmp_path: Path) -> None:
 
 def test_a_missing_file_or_module() -> None:
     assert load_error("no_such_rules.py") == "no_such_rules.py: no such rule file or directory."
-    assert load_error("no_such_rules_module").startswith("no_such_rules_module: not a file, directory or importable module")
+    assert load_error("no_such_rules_module").startswith(
+        "no_such_rules_module: not a file, directory or importable module")
 
 
 @pytest.mark.parametrize(
@@ -335,8 +337,9 @@ def test_rules_new_writes_a_documented_rule_and_a_test_that_passes(gd: Gpudoctor
 def test_rules_new_refuses_a_gd_code_and_an_existing_file(gd: Gpudoctor) -> None:
     refused = gd.run("rules", "new", "GD150")
     assert refused.returncode == 2
-    assert refused.first_message == ("gpudoctor: rule code GD150 uses the prefix GD, which is reserved for "
-                                     "gpudoctor's built-in rules; give your team's rules their own prefix, e.g. ACME101.")
+    assert refused.first_message == (
+        "gpudoctor: rule code GD150 uses the prefix GD, which is reserved for gpudoctor's built-in rules; give your "
+        "team's rules their own prefix, e.g. ACME101.")
     write(gd.cwd, "acme101.py", "# our own\n")
     existing = gd.run("rules", "new", "ACME101")
     assert existing.returncode == 73
@@ -462,7 +465,7 @@ def test_a_retired_code_is_refused_in_select_ignore_and_options(tmp_path: Path, 
 
 def test_a_retired_code_in_pyproject_options_is_refused(tmp_path: Path, retired_acme150: str) -> None:
     write(tmp_path, "pyproject.toml", "[tool.gpudoctor.rules.ACME150]\nmax_wait_s = 0.1\n")
-    with pytest.raises(RuleLoadError, match="pyproject.toml: ACME150 is a retired rule code and has no options"):
+    with pytest.raises(RuleLoadError, match=r"pyproject\.toml: ACME150 is a retired rule code and has no options"):
         prepare_rules(RuleSelection(), project_dir=tmp_path)
 
 

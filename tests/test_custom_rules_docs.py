@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Gpudoctor, env_with
 
+from conftest import REPO, Gpudoctor, env_with
 from gpudoctor.engine import load_rules
 from gpudoctor.testing import BundleBuilder, assert_fires, assert_not_evaluated, assert_silent, load_fixture, run_rule
 
@@ -37,7 +37,8 @@ def test_the_page_shows_every_example_file_as_it_is() -> None:
              if p.is_file() and "__pycache__" not in p.parts}
     assert set(shown) == files
     for title, body in shown.items():
-        assert body == (EXAMPLES / title).read_text(encoding="utf-8"), f"the page's {title} is not docs/examples/{title}"
+        expected = (EXAMPLES / title).read_text(encoding="utf-8")
+        assert body == expected, f"the page's {title} is not docs/examples/{title}"
 
 
 # -- the walk-through, as a new user follows it ------------------------------------------------------
@@ -146,8 +147,8 @@ def test_the_package_example_installs_and_its_rules_are_listed(gd: Gpudoctor, tm
     for name in ("nfs_loader_wait", "training_step_syncs", "loader_settings"):
         (package / "acme_rules" / f"{name}.py").write_text((EXAMPLES / "team_rules" / f"{name}.py").read_text())
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-                    "--target", str(site), str(package)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(site), str(package)], check=True, capture_output=True, cwd=tmp_path)
     listed = gd.run("rules", "list", env=env_with(PYTHONPATH=f"{REPO}{os.pathsep}{site}"))
     assert listed.returncode == 0, listed
     shown = next(body for language, _, body in blocks() if language == "text" and "package:" in body)

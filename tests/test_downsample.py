@@ -221,7 +221,7 @@ def test_a_process_that_appears_mid_bucket_is_kept_with_its_own_values() -> None
 def test_missing_keys_stay_missing() -> None:
     without_pcie = merge_records([gpu_sample(i) for i in range(1, 10)], "gpu")
     assert all("pcie_tx_kbs" not in g and "pcie_tx_kbs" not in g["hi"] for g in without_pcie["gpus"])
-    with_some = merge_records([gpu_sample(i) for i in range(0, 20)], "gpu")
+    with_some = merge_records([gpu_sample(i) for i in range(20)], "gpu")
     first = with_some["gpus"][0]
     assert first["pcie_tx_kbs"] == pytest.approx((0 + 10) / 2) and first["counts"] == {"pcie_tx_kbs": 2,
                                                                                          "pcie_rx_kbs": 2}

@@ -84,7 +84,8 @@ def test_binary_file(gd: Gpudoctor) -> None:
     (gd.cwd / "model.bin").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00" + bytes(range(256)))
     result = gd.profile("model.bin")
     assert result.returncode == 1, result
-    assert _one_sentence(result.first_message) and "model.bin is not a Python script: it is a binary file" in result.first_message
+    assert _one_sentence(result.first_message)
+    assert "model.bin is not a Python script: it is a binary file" in result.first_message
     _assert_nothing_written(gd)
 
 
@@ -104,7 +105,8 @@ def test_script_raises(gd: Gpudoctor) -> None:
     result = gd.profile(ENDINGS, "raise")
     assert result.returncode == 1, result
     assert result.first_message == f"gpudoctor: {ENDINGS} raised RuntimeError: the script failed on purpose"
-    traceback = result.stderr[result.stderr.index("Traceback (most recent call last):"):result.stderr.index("gpudoctor:")]
+    stderr = result.stderr
+    traceback = stderr[stderr.index("Traceback (most recent call last):"):stderr.index("gpudoctor:")]
     frames = [line for line in traceback.splitlines() if line.startswith("  File ")]
     # As under plain python: the first frame is the script's top level, every frame is in the script.
     assert frames[0] == f'  File "{ENDINGS}", line {_line_of("main(sys.argv[1])")}, in <module>'
@@ -114,7 +116,8 @@ def test_script_raises(gd: Gpudoctor) -> None:
     exit_info = result.manifest()["exit"]
     assert exit_info["ending"] == "exception" and exit_info["status"] == 1
     assert exit_info["exception"]["exception"] == "RuntimeError"
-    assert exit_info["exception"]["where"] == {"file": ENDINGS, "line": _line_of("raise RuntimeError"), "function": "fail"}
+    where = {"file": ENDINGS, "line": _line_of("raise RuntimeError"), "function": "fail"}
+    assert exit_info["exception"]["where"] == where
     _assert_reported(result)
 
 

@@ -134,7 +134,8 @@ def test_a_finding_record_with_a_wrong_type_is_refused_in_one_sentence():
     [record] = run_rules(empty_run(), [always_fires]).findings
     with pytest.raises(BundleError) as caught:
         FindingRecord.from_json({**record.to_json(), "impact": "high"})
-    assert str(caught.value) == "findings.json: a finding is not valid: expected `float | null`, got `str` at `$.impact`."
+    assert str(caught.value) == (
+        "findings.json: a finding is not valid: expected `float | null`, got `str` at `$.impact`.")
     with pytest.raises(BundleError, match=r"a finding is not valid: .* at `\$.evidence\[0\].value`"):
         FindingRecord.from_json({**record.to_json(), "evidence": [{"name": "x", "value": [1, 2], "unit": None}]})
     with pytest.raises(BundleError, match="a not-evaluated row is not valid: object missing required field `reason`"):

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from gpudoctor.testing import (
-    Expectation, ExpectationError, Expectations, check_findings, parse_expectations, read_expectations,
+    Expectation,
+    ExpectationError,
+    Expectations,
+    check_findings,
+    parse_expectations,
+    read_expectations,
 )
 
 SCRIPT = '''"""A training script."""

@@ -52,7 +52,8 @@ def _make_venv(venv: Path, cwd: Path) -> None:
     """
     _run(sys.executable, "-m", "venv", "--system-site-packages", venv, cwd=cwd)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    (venv / "lib" / version / "site-packages" / "_outer_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    outer = venv / "lib" / version / "site-packages" / "_outer_packages.pth"
+    outer.write_text("\n".join(site.getsitepackages()) + "\n")
 
 
 def _clean_env(venv: Path) -> dict[str, str]:
@@ -67,7 +68,8 @@ def test_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
     _make_venv(venv, tmp_path)
     env = _clean_env(venv)
     # --force-reinstall: an editable gpudoctor in the system site-packages must not count as already installed.
-    _run(venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--force-reinstall", wheel, cwd=tmp_path, env=env)
+    _run(venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--force-reinstall", wheel,
+         cwd=tmp_path, env=env)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from conftest import Result
-from gpudoctor.collect.config import WindowConfig
 from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent, StepEvent, WindowEvent
 from gpudoctor.bundle.jsonio import JsonlTail, encode
+from gpudoctor.collect.config import WindowConfig
 from gpudoctor.ui.status_line import Progress, Status
 
 WINDOW = WindowConfig(wait=2, warmup=1, active=3)
@@ -94,7 +94,7 @@ def test_draws_below_the_script_output_and_erases_itself(tmp_path: Path) -> None
     os.close(master)
     text = output.decode()
     # The rows above the last become the scrolling region; the status line is drawn on row 24 and the cursor restored.
-    assert text.startswith("\r\n\x1b[1A\x1b7\x1b[1;23r\x1b8") or text.startswith("\n\x1b[1A\x1b7\x1b[1;23r\x1b8"), text[:40]
+    assert text.startswith(("\r\n\x1b[1A\x1b7\x1b[1;23r\x1b8", "\n\x1b[1A\x1b7\x1b[1;23r\x1b8")), text[:40]
     assert "\x1b7\x1b[24;1H\x1b[2K\rgpudoctor ▸" in text
     assert "step 2 · profiling starts after step 2" in text and "step 4 · profiling step 1 of 3" in text
     # At the end: the line cleared, the whole screen scrolling again, the cursor where the script left it.

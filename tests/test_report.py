@@ -54,7 +54,8 @@ def test_findings_json_has_the_contract_keys(training_run: Result) -> None:
     assert isinstance(findings["findings"], list)
     assert isinstance(findings["not_evaluated"], list) and isinstance(findings["errors"], list)
     for finding in findings["findings"]:
-        assert {"code", "name", "category", "severity", "title", "impact", "evidence", "location", "fix"} <= set(finding)
+        keys = {"code", "name", "category", "severity", "title", "impact", "evidence", "location", "fix"}
+        assert keys <= set(finding)
         assert re.fullmatch(r"[A-Z][A-Z0-9]{0,7}\d{3}", finding["code"]) and finding["severity"] in SEVERITIES
         assert finding["impact"] is None or 0 <= finding["impact"] <= 1
 

@@ -103,8 +103,9 @@ def _hostile_report(tmp: Path) -> Path:
     script = source_dir / f"train{IN_PATH}.py"
     script.write_text("".join(f"line_{n} = '{PAYLOAD}'\n" for n in range(1, 10)), encoding="utf-8")
     builder = BundleBuilder(tmp / f"run{IN_PATH}", script=str(script))
+    kernel_name = f"void at::native::vectorized_elementwise_kernel<4, {PAYLOAD}>"
     builder.steps(6, wall_s=0.1, data_wait_s=0.02, forward_s=0.02, backward_s=0.03, optimizer_s=0.01,
-                  gpu_busy_s=0.04, kernels=12, kernel_name=f"void at::native::vectorized_elementwise_kernel<4, {PAYLOAD}>")
+                  gpu_busy_s=0.04, kernels=12, kernel_name=kernel_name)
     builder.loader(num_workers=0, site=(str(script), 3, PAYLOAD))
     builder.host_samples(other_cores=0.5).gpu_samples(util=40.0)
     builder.exit("exception", 1, exception="ValueError", message=PAYLOAD, where=(str(script), 7, PAYLOAD))
@@ -135,8 +136,10 @@ def test_hostile_names_render_as_text(tmp_path: Path) -> None:
     # Each place a name shows, it shows as text.
     shown = {
         "kernel name": f"vectorized_elementwise_kernel&lt;4, {ESCAPED}",
-        "script path in the title": f"<title>gpudoctor — {tmp_path}/src{IN_PATH_ESCAPED}/train{IN_PATH_ESCAPED}.py</title>",
-        "arguments, shell-quoted": f"&#39;{ESCAPED}&#34;&#39;&#34;&#39;&#34;&#39;&amp;&#39; &#39;--name=&#34;x&#34;&#39;",
+        "script path in the title":
+            f"<title>gpudoctor — {tmp_path}/src{IN_PATH_ESCAPED}/train{IN_PATH_ESCAPED}.py</title>",
+        "arguments, shell-quoted":
+            f"&#39;{ESCAPED}&#34;&#39;&#34;&#39;&#34;&#39;&amp;&#39; &#39;--name=&#34;x&#34;&#39;",
         "finding title": f"<h3>Title {ESCAPED}&#34;&#39;&amp;</h3>",
         "fix": f"fix {ESCAPED}",
         "source line": f"line_5 = &#39;{ESCAPED}",
@@ -149,7 +152,8 @@ def test_hostile_names_render_as_text(tmp_path: Path) -> None:
     assert html.count(ESCAPED) >= 10
     findings = json.loads((report.parent / "findings.json").read_text(encoding="utf-8"))
     evil = next(f for f in findings["findings"] if f["code"] == "EVIL101")
-    assert evil["title"] == "Title " + PAYLOAD and evil["evidence"][0] == {"name": PAYLOAD, "value": PAYLOAD, "unit": PAYLOAD}
+    assert evil["title"] == "Title " + PAYLOAD
+    assert evil["evidence"][0] == {"name": PAYLOAD, "value": PAYLOAD, "unit": PAYLOAD}
 
 
 def test_a_long_run_stays_a_small_page(tmp_path: Path) -> None:
@@ -248,7 +252,8 @@ def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     windows = seen["windows"]
     assert len(windows["windows"]) == 4, windows["windows"]
     first, *later = windows["windows"]
-    assert first["bars"] == 1 and all(row["bars"] == 2 for row in later)  # GD502 in every window, GD102 after the slow shard
+    # GD502 in every window, GD102 after the slow shard
+    assert first["bars"] == 1 and all(row["bars"] == 2 for row in later)
     assert sum("(charted)" in row["cells"][0] for row in windows["windows"]) == 1
 
     healthy = seen["healthy"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import REPO
 
+from conftest import REPO
 from gpudoctor.engine import builtin_rules
 from gpudoctor.engine.docs import BEGIN, COMMAND, END, main, rule_section, with_rules
 

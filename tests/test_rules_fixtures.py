@@ -24,7 +24,13 @@ import pytest
 from gpudoctor.analysis import Run
 from gpudoctor.engine import Rule, builtin_rules, diagnose_windows, run_rules
 from gpudoctor.testing import (
-    Expectations, Mismatch, available_fixtures, check_findings, load_fixture, read_expectations, run_rule,
+    Expectations,
+    Mismatch,
+    available_fixtures,
+    check_findings,
+    load_fixture,
+    read_expectations,
+    run_rule,
 )
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"

@@ -3,6 +3,7 @@ are found, exited ones are skipped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -71,10 +72,8 @@ class Tree:
 
     def close(self) -> None:
         for pid in self.workers:
-            try:
+            with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
-            except psutil.Error:
-                pass
         self.root.kill()
         self.root.wait()
 

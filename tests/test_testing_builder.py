@@ -22,7 +22,14 @@ from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS
 from gpudoctor.engine import load_rules, run_rules
 from gpudoctor.report import build_report
 from gpudoctor.testing import (
-    BundleBuilder, RuleRaised, assert_fires, assert_not_evaluated, assert_silent, fixture_path, load_fixture, run_rule,
+    BundleBuilder,
+    RuleRaised,
+    assert_fires,
+    assert_not_evaluated,
+    assert_silent,
+    fixture_path,
+    load_fixture,
+    run_rule,
 )
 from gpudoctor.testing.built_files import write_bundle
 
@@ -73,7 +80,8 @@ def test_the_bundle_is_what_the_real_loader_reads(tmp_path):
     assert sorted(loaded.manifest.files) == sorted(
         ["events.jsonl", "trace.json.gz", "samples/host.jsonl", "samples/procs.jsonl", "samples/gpu.jsonl"])
     assert all((path / f).is_file() for f in loaded.manifest.files)
-    assert {kind_of(e) for e in loaded.events()} >= {"process", "torch", "loader", "step", "window", "env_window", "end"}
+    kinds = {kind_of(e) for e in loaded.events()}
+    assert kinds >= {"process", "torch", "loader", "step", "window", "env_window", "end"}
     trace = bundle.read_trace(path / "trace.json.gz")
     assert "baseTimeNanoseconds" in trace
     assert {e.get("cat") for e in trace["traceEvents"]} >= {"user_annotation", "kernel"}
@@ -276,7 +284,8 @@ def test_loader_view(tmp_path):
     run = b.build()
     main = run.loader.main
     assert (main.num_workers, main.pin_memory, main.batch_size, main.prefetch_factor) == (4, True, 64, 2)
-    assert (main.persistent_workers, main.dataset, main.dataset_len, main.start_method) == (True, "Images", 1000, "spawn")
+    assert (main.persistent_workers, main.dataset, main.dataset_len, main.start_method) == (
+        True, "Images", 1000, "spawn")
     assert run.loader.location == run.loader.main.location
     assert (main.location.file, main.location.line, main.location.function) == ("train.py", 41, "main")
     assert len(run.loader.loaders) == 2 and run.loader.loaders[1].location is None
@@ -400,8 +409,9 @@ def test_raw_sample_rows(tmp_path):
 # -- environment, missing data, endings ------------------------------------------------------------------
 def test_env(tmp_path):
     b = BundleBuilder(tmp_path)
-    b.env(cores=6, cpu_count=32, gil_enabled=False, start_method="spawn", intra_op_threads=3, memory_total=256 * 1024 * MB,
-          python="3.13.1", torch="2.6.0", cuda_device={"index": 0, "name": "NVIDIA H200", "total_memory": 140 * 1024 * MB})
+    b.env(cores=6, cpu_count=32, gil_enabled=False, start_method="spawn", intra_op_threads=3,
+          memory_total=256 * 1024 * MB, python="3.13.1", torch="2.6.0",
+          cuda_device={"index": 0, "name": "NVIDIA H200", "total_memory": 140 * 1024 * MB})
     b.steps(3)
     env = b.build().env
     assert (env.cores, env.cpu_count, env.gil_enabled, env.start_method) == (6, 32, False, "spawn")
@@ -431,7 +441,8 @@ def test_what_was_not_collected_is_not_evaluated(tmp_path):
         run.require_processes()
     collectors = run.manifest.collectors
     assert collectors["host"].ok is False and collectors["nvml"].ok is False
-    assert collectors["profiler"].to_json() == {"ok": False, "reason": "torch.profiler could not start: RuntimeError: boom"}
+    reason = "torch.profiler could not start: RuntimeError: boom"
+    assert collectors["profiler"].to_json() == {"ok": False, "reason": reason}
     assert len(run.steps) == 3  # the instrumentation's steps stand without a trace
 
 

@@ -1,4 +1,5 @@
-"""Reading a trace in chunks (gpudoctor.bundle.trace_stream.TraceStream) and parsing it compactly (analysis.trace.parse_trace).
+"""Reading a trace in chunks (gpudoctor.bundle.trace_stream.TraceStream) and parsing it compactly
+(analysis.trace.parse_trace).
 
 Whatever the chunk size, the layout of the JSON or the parser's path (events picked out of the bytes, or whole
 chunks parsed), the result must be what a plain json.loads of the whole file gives.
@@ -15,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpudoctor.bundle import trace_stream
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.trace import SYNC_RUNTIME, TraceData, parse_trace
+from gpudoctor.bundle import trace_stream
 from gpudoctor.errors import BundleError
 from gpudoctor.ui.trace_progress import TraceProgress
 
@@ -117,21 +118,25 @@ def test_any_layout_in_any_chunks_reads_as_json_loads(raw: dict[str, Any], tmp_p
 def test_awkward_events_are_parsed_whole_not_lost(raw: dict[str, Any], tmp_path: Path, small_chunks: None) -> None:
     """Separators inside strings and arrays of objects inside args defeat picking events out of the bytes: the
     chunk is then parsed whole, and nothing is lost."""
-    events = [dict(e) for e in raw["traceEvents"]]
-    for i, e in enumerate(events):
-        if e.get("cat") == "kernel" and i % 3 == 0:
-            e["name"] = e["name"] + '"}, {"cat": "kernel"'
-        if e.get("cat") == "cpu_op" and i % 5 == 0:
-            e["args"] = {"inputs": [{"cat": "kernel", "ph": "X"}, {"n": 1}], **(e.get("args") or {})}
-        if e.get("cat") == "cuda_runtime" and i % 7 == 0:  # the name before the category
-            e = events[i] = {"name": e["name"], **e}
-        if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_RUNTIME and i % 2 == 0:  # a '}, {' before the name
-            name = e.pop("name")
-            e["args"] = {"list": [{"a": 1}, {"b": 2}], **(e.get("args") or {})}
-            e["name"] = name
+    events = [_made_awkward(i, dict(e)) for i, e in enumerate(raw["traceEvents"])]
     text = json.dumps({**raw, "traceEvents": events}, indent=1)
     data = parse_trace(_write(tmp_path / "trace.json.gz", text), detail=False)
     assert _views(data) == _reference({**raw, "traceEvents": events})
+
+
+def _made_awkward(i: int, e: dict[str, Any]) -> dict[str, Any]:
+    """Event number i, changed in place or replaced, by the rules of the test above."""
+    if e.get("cat") == "kernel" and i % 3 == 0:
+        e["name"] = e["name"] + '"}, {"cat": "kernel"'
+    if e.get("cat") == "cpu_op" and i % 5 == 0:
+        e["args"] = {"inputs": [{"cat": "kernel", "ph": "X"}, {"n": 1}], **(e.get("args") or {})}
+    if e.get("cat") == "cuda_runtime" and i % 7 == 0:  # the name before the category
+        e = {"name": e["name"], **e}
+    if e.get("cat") == "cuda_runtime" and e["name"] in SYNC_RUNTIME and i % 2 == 0:  # a '}, {' before the name
+        name = e.pop("name")
+        e["args"] = {"list": [{"a": 1}, {"b": 2}], **(e.get("args") or {})}
+        e["name"] = name
+    return e
 
 
 def test_a_truncated_gzip_trace_says_so(tmp_path: Path, small_chunks: None) -> None:

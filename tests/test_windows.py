@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import msgspec
@@ -10,15 +11,15 @@ import pytest
 
 from conftest import Gpudoctor, Result, script
 from gpudoctor.analysis import Run
-from gpudoctor.paths import findings_schema
-from gpudoctor.collect.config import WindowConfig
-from gpudoctor.ui.status_line import Status
 from gpudoctor.bundle.events import StepEvent, WindowEvent
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.bundle.samples import HostRow, ProcsRow
+from gpudoctor.collect.config import WindowConfig
+from gpudoctor.paths import findings_schema
+from gpudoctor.ui.status_line import Status
 
 LATE = script("late_starvation.py")
-LOADER_LINE = next(i for i, line in enumerate(open(LATE), start=1) if "# LOADER" in line)
+LOADER_LINE = next(i for i, line in enumerate(Path(LATE).read_text().splitlines(), start=1) if "# LOADER" in line)
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,6 @@ def test_a_windows_cell_adds_up_a_rules_call_sites() -> None:
 
     rows = [{"code": "GD211", "impact": 0.02}, {"code": "GD211", "impact": 0.03}, {"code": "GD502", "impact": None},
             {"code": "GD201", "impact": 0.7}, {"code": "GD201", "impact": 0.6}]
-    findings = [FindingRecord(name="r", category="sync_point", severity="warning", title="t", evidence=[], location=None,
-                              fix="", **row) for row in rows]
+    findings = [FindingRecord(name="r", category="sync_point", severity="warning", title="t", evidence=[],
+                              location=None, fix="", **row) for row in rows]
     assert _impact_per_rule(findings) == {"GD211": 0.05, "GD502": None, "GD201": 1.0}
