@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperCommand, TyperOption
@@ -22,6 +22,7 @@ from gpudoctor.engine import CATEGORIES, SEVERITIES, Rule, find_rule, retired_co
 from gpudoctor.engine.scaffold import DEFAULT_NAME, new_rule
 from gpudoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, GpudoctorError, InputNotFoundError
 from gpudoctor.launcher import ProfileRequest, profile as run_profile
+from gpudoctor.report.document import Report
 from gpudoctor.report.render import to_text
 from gpudoctor.ui.trace_progress import TraceProgress
 
@@ -77,7 +78,7 @@ def _check_fail_on(fail_on: str | None) -> None:
         raise typer.BadParameter(f"--fail-on must be one of {', '.join(SEVERITIES)}, not {fail_on!r}.")
 
 
-def _fails(report: dict[str, Any], fail_on: str | None) -> bool:
+def _fails(report: Report, fail_on: str | None) -> bool:
     """Whether a finding (findings.json's, in the report) is at least as severe as --fail-on."""
     if fail_on is None:
         return False
@@ -174,7 +175,8 @@ def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[s
     return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()))
 
 
-def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules, formats: tuple[str, ...] = FORMATS) -> dict | None:
+def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
+                   formats: tuple[str, ...] = FORMATS) -> Report | None:
     """Analyse and write the report; a failure here is reported but never hides the script's own status."""
     try:
         report = diagnose(open_run(source), rules)
@@ -185,7 +187,7 @@ def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules, formats: t
     return report
 
 
-def _write(report: dict, out_dir: Path, formats: tuple[str, ...]) -> None:
+def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
     written = write_outputs(report, out_dir, formats)
     if "text" in formats:
         shown = written.get("html") or written.get("json")

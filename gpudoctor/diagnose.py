@@ -5,16 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpudoctor.analysis import Run
 from gpudoctor.bundle import FINDINGS, REPORT
 from gpudoctor.engine import (
-    ProjectConfig, Rule, diagnose_windows, load_project_config, load_rules, parse_cli_options, resolve_options,
+    ProjectConfig,
+    Rule,
+    diagnose_windows,
+    load_project_config,
+    load_rules,
+    parse_cli_options,
+    resolve_options,
     select_rules,
 )
 from gpudoctor.errors import OutputNotWritableError
 from gpudoctor.report import build_report
+from gpudoctor.report.document import Report
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html, to_json
 
@@ -32,7 +38,7 @@ class RuleSelection:
 @dataclass
 class PreparedRules:
     rules: list[Rule]
-    options: dict[str, dict[str, Any]]
+    options: dict[str, dict[str, object]]  # rule code -> option -> value, checked against the option's default
 
 
 @dataclass
@@ -41,10 +47,11 @@ class ProjectRules:
 
     config: ProjectConfig
     rules: list[Rule]
-    options: dict[str, dict[str, Any]]  # from pyproject.toml only
+    options: dict[str, dict[str, object]]  # from pyproject.toml only
 
     def selected(self, selection: RuleSelection) -> list[Rule]:
-        return select_rules(self.rules, selection.select or self.config.select, [*self.config.ignore, *selection.ignore])
+        ignore = [*self.config.ignore, *selection.ignore]
+        return select_rules(self.rules, selection.select or self.config.select, ignore)
 
 
 def load_project_rules(paths: Iterable[str] = (), project_dir: Path | None = None) -> ProjectRules:
@@ -67,13 +74,13 @@ def open_run(path: Path) -> Run:
     return Run.from_bundle(path) if path.is_dir() else Run.from_trace(path)
 
 
-def diagnose(run: Run, prepared: PreparedRules) -> dict[str, Any]:
+def diagnose(run: Run, prepared: PreparedRules) -> Report:
     docs = {r.code: r.doc for r in prepared.rules}
     diagnosis = diagnose_windows(run, prepared.rules, prepared.options)
     return build_report(diagnosis.run, diagnosis.result, docs, diagnosis.windows)
 
 
-def write_outputs(report: dict[str, Any], out_dir: Path, formats: Iterable[str] = ("json", "html")) -> dict[str, Path]:
+def write_outputs(report: Report, out_dir: Path, formats: Iterable[str] = ("json", "html")) -> dict[str, Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         written = {}

@@ -1,14 +1,15 @@
 """The records of findings.json: a finding, a rule that could not be evaluated, a rule that failed.
 
 The engine makes them, the report and the command line read them, and `to_json()` gives each as findings.json
-holds it (gpudoctor/schemas/findings.schema.json): the same keys, in the same order. `from_json()` reads one
-back and checks its types; a record that does not fit raises BundleError.
+holds it (gpudoctor/schemas/findings.schema.json): the same keys, in the same order, typed by the TypedDicts
+below (FindingJson, ...). `from_json()` reads one back and checks its types; a record that does not fit raises
+BundleError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, TypeVar, cast
+from typing import Annotated, ClassVar, TypedDict, TypeVar, cast
 
 import msgspec
 
@@ -20,17 +21,71 @@ EvidenceValue = str | int | float | bool | None
 _Self = TypeVar("_Self", bound="_JsonRecord")
 
 
+# -- the records as findings.json holds them (the schema's $defs) -------------------------------------
+class EvidenceJson(TypedDict):
+    name: str
+    value: EvidenceValue
+    unit: str | None
+
+
+class LocationJson(TypedDict):
+    file: str
+    line: int
+    function: str
+
+
+class FindingWindowJson(TypedDict):
+    index: int
+    impact: float | None
+    severity: str
+
+
+class _FindingFields(TypedDict):
+    code: str
+    name: str
+    category: str
+    severity: str
+    title: str
+    impact: float | None
+    impact_reason: str | None
+    evidence: list[EvidenceJson]
+    location: LocationJson | None
+    fix: str
+    count: int
+    doc: str
+
+
+class FindingJson(_FindingFields, total=False):
+    windows: list[FindingWindowJson]  # only for a run profiled in several windows
+
+
+class NotEvaluatedJson(TypedDict):
+    code: str
+    name: str
+    reason: str
+
+
+class RuleErrorJson(TypedDict):
+    code: str
+    name: str
+    source: str
+    error: str
+    traceback: str
+
+
+# -- the records ----------------------------------------------------------------------------------------
 class _JsonRecord(msgspec.Struct, kw_only=True, frozen=True):
     """A record with a plain-JSON form; keys unknown to this version (from a newer gpudoctor) are ignored."""
 
     what: ClassVar[str] = "record"  # how an error message calls it
 
-    def to_json(self) -> dict[str, Any]:
+    def _plain(self) -> dict[str, object]:
+        """The fields, in their order, as plain JSON: each record's `to_json()` gives it its TypedDict above."""
         # enc_hook=str: an evidence value of another type is written as its text, as json.dumps(default=str) did
-        return cast("dict[str, Any]", msgspec.to_builtins(self, enc_hook=str))
+        return cast("dict[str, object]", msgspec.to_builtins(self, enc_hook=str))
 
     @classmethod
-    def from_json(cls: type[_Self], data: Mapping[str, Any]) -> _Self:
+    def from_json(cls: type[_Self], data: Mapping[str, object]) -> _Self:
         try:
             return msgspec.convert(data, cls)
         except msgspec.ValidationError as exc:
@@ -49,6 +104,9 @@ class Evidence(_JsonRecord, kw_only=True, frozen=True):
     value: EvidenceValue
     unit: str | None = None
 
+    def to_json(self) -> EvidenceJson:
+        return cast("EvidenceJson", self._plain())
+
 
 class FindingLocation(_JsonRecord, kw_only=True, frozen=True):
     """The line in the user's code that causes a finding."""
@@ -56,6 +114,9 @@ class FindingLocation(_JsonRecord, kw_only=True, frozen=True):
     file: str
     line: int
     function: str = ""
+
+    def to_json(self) -> LocationJson:
+        return cast("LocationJson", self._plain())
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -67,6 +128,9 @@ class FindingWindow(_JsonRecord, kw_only=True, frozen=True):
     index: Annotated[int, msgspec.Meta(ge=0)]
     impact: Share | None
     severity: str
+
+    def to_json(self) -> FindingWindowJson:
+        return cast("FindingWindowJson", self._plain())
 
 
 class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
@@ -88,8 +152,8 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     doc: str = ""
     windows: list[FindingWindow] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        plain = super().to_json()
+    def to_json(self) -> FindingJson:
+        plain = cast("FindingJson", self._plain())
         if self.windows is None:
             del plain["windows"]  # findings.json has the key only for a run profiled in several windows
         return plain
@@ -103,6 +167,9 @@ class NotEvaluatedRecord(_JsonRecord, kw_only=True, frozen=True):
     name: str
     reason: str
 
+    def to_json(self) -> NotEvaluatedJson:
+        return cast("NotEvaluatedJson", self._plain())
+
 
 class RuleErrorRecord(_JsonRecord, kw_only=True, frozen=True):
     """A rule that raised while it ran; the other rules still ran."""
@@ -113,3 +180,6 @@ class RuleErrorRecord(_JsonRecord, kw_only=True, frozen=True):
     source: str
     error: str
     traceback: str = ""
+
+    def to_json(self) -> RuleErrorJson:
+        return cast("RuleErrorJson", self._plain())

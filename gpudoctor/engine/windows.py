@@ -11,7 +11,7 @@ import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypedDict, TypeVar
 
 import msgspec
 
@@ -21,6 +21,20 @@ from gpudoctor.engine.api import Rule, RuleFunction
 from gpudoctor.engine.runner import EngineResult, FindingKey, RuleOptions, as_rules, finding_key, rank, run_rules
 
 _NUMBER = re.compile(r"\d[\d.,]*")
+
+
+class WindowStats(TypedDict):
+    """One window's figures, as the report and findings.json show them (the report adds where it opened and
+    whether its charts show it)."""
+
+    index: int
+    start: float  # seconds since the epoch
+    first_step: int
+    trace: str | None
+    steps_analysed: int
+    median_step_s: float | None
+    gpu_idle_share: float | None
+    findings: dict[str, float | None]  # rule code -> its findings' impact in this window
 
 
 @dataclass(frozen=True)
@@ -33,7 +47,7 @@ class WindowResult:
 class Diagnosis:
     run: Run  # the window the report's charts show
     result: EngineResult  # over every window
-    windows: list[dict[str, Any]]  # one row per window, for the report
+    windows: list[WindowStats]  # one row per window, for the report
 
 
 def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptions) -> Diagnosis:
@@ -103,7 +117,7 @@ def _chart_window(per_window: list[WindowResult], result: EngineResult) -> Run:
     return per_window[-1].run
 
 
-def _window_row(w: WindowResult, whole: Run) -> dict[str, Any]:
+def _window_row(w: WindowResult, whole: Run) -> WindowStats:
     info = next(i for i in whole.windows if i.index == w.run.window)
     steps = w.run.steps
     return {

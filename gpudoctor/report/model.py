@@ -1,8 +1,9 @@
 """Build the Report: everything the renderers show, ready for them to format.
 
 The figures come from analysis (`analysis.summary`, `analysis.timeline`, `analysis.kernels`); this module only
-assembles them, with their labels, into the Report, a JSON-serializable dict. `findings.json` is a fixed subset of
-it (see render.FINDINGS_KEYS and gpudoctor/schemas/findings.schema.json); the rest feeds report.html:
+assembles them, with their labels (report.charts labels the charts), into the Report, a JSON-serializable dict
+whose shape is report.document.Report. `findings.json` is a fixed subset of it (see render.to_json and
+gpudoctor/schemas/findings.schema.json); the rest feeds report.html:
 
 - `summary`, `run`, `not_measured`: the verdict and the facts at the top;
 - `breakdown`, `steps` and `charts.steps`: where each step's time went (mean per phase, each step, and per-step bars);
@@ -22,65 +23,68 @@ import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 from gpudoctor import __version__
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.kernels import KernelBin, KernelTotal, kernel_histogram
-from gpudoctor.analysis.summary import PhaseTime, StepBar, breakdown, median_step_s, phase_seconds, step_bars
-from gpudoctor.analysis.timeline import MAX_POINTS, Panel, Series, Span, timeline
+from gpudoctor.analysis.summary import PhaseTime, breakdown, median_step_s
+from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle import SCHEMA_VERSION
-from gpudoctor.bundle.manifest import Target
-from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.bundle.findings import FindingJson, FindingRecord, LocationJson
+from gpudoctor.bundle.manifest import Target, WindowSettings
 from gpudoctor.engine import EngineResult
+from gpudoctor.engine.windows import WindowStats
+from gpudoctor.report.charts import PHASE_LABELS, kernel_chart, step_chart, timeline_chart
+from gpudoctor.report.document import (
+    BreakdownJson,
+    Card,
+    ExceptionFacts,
+    Links,
+    NotMeasuredRow,
+    PhaseRow,
+    Report,
+    RunFacts,
+    SourceSnippet,
+    Status,
+    StepRow,
+    WindowRow,
+    WindowSettingsJson,
+)
 
 __all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "link_outputs", "source_snippet"]
 
-PHASE_LABELS = {
-    "data_wait": "data wait", "copy": "host↔device copy", "forward": "forward", "backward": "backward",
-    "optimizer": "optimizer", "sync": "sync", "other": "other host time",
-}
 COLLECTOR_LABELS = {
     "host": "host and process samples", "nvml": "GPU samples (NVML)", "profiler": "profiler trace",
     "nvtx": "NVTX ranges for Nsight Systems", "cuda_trace": "GPU activity in the profiler trace",
 }
-# The timeline's panels and series: title, unit and how each panel is drawn; each series' legend.
-PANEL_TEXT = {
-    "gpu": ("GPU utilization (NVML)", "%", "line"), "cpu": ("CPU (cores busy)", "cores", "line"),
-    "loader": ("Loader wait per step", "ms", "bars"),
-}
-SERIES_LABELS = {
-    "tree": "the script's processes", "host": "whole host", "wait": "longest wait", "wait_mean": "mean wait",
-}
-HOVER_ONLY_SERIES = frozenset({"wait_mean"})  # shown in a bucket's tooltip, not drawn
 SOURCE_CONTEXT = 3  # lines shown either side of a finding's line
 MAX_SOURCE_BYTES = 5_000_000
 MAX_SOURCE_LINE = 200
-MAX_KERNEL_NAME = 160
 
 
-def _step_row(step: Step) -> dict[str, Any]:
+def _step_row(step: Step) -> StepRow:
+    """A step's host seconds in each phase (those of analysis.summary.phase_seconds) and its GPU time."""
     return {
         "index": step.index, "wall_s": step.wall_s, "window": step.window,
-        **{f"{k}_s": v for k, v in phase_seconds(step).items()},
+        "data_wait_s": step.data_wait_s, "copy_s": step.copy_s, "forward_s": step.forward_s,
+        "backward_s": step.backward_s, "optimizer_s": step.optimizer_s, "sync_s": step.sync_s, "other_s": step.other_s,
         "gpu_busy_s": step.gpu_busy_s, "gpu_idle_s": step.gpu_idle_s, "kernels": step.kernels,
     }
 
 
-def _breakdown(steps: list[Step]) -> dict[str, Any]:
+def _breakdown(steps: list[Step]) -> BreakdownJson:
     """The mean step and its phases (see analysis.summary.breakdown)."""
     result = breakdown(steps)
     return {"phases": [_phase_row(p) for p in result.phases], "mean_step_s": result.mean_step_s}
 
 
-def _phase_row(phase: PhaseTime) -> dict[str, Any]:
+def _phase_row(phase: PhaseTime) -> PhaseRow:
     return {"phase": phase.phase, "label": PHASE_LABELS[phase.phase], "mean_s": phase.mean_s, "share": phase.share}
 
 
-def _not_measured(run: Run) -> list[dict[str, str]]:
-    rows = []
+def _not_measured(run: Run) -> list[NotMeasuredRow]:
+    rows: list[NotMeasuredRow] = []
     for name, info in run.manifest.collectors.items():
         if not info.ok:
             rows.append({"what": COLLECTOR_LABELS.get(name, name), "reason": info.reason or "unknown"})
@@ -93,7 +97,7 @@ def _problems(findings: list[FindingRecord]) -> list[FindingRecord]:
     return [f for f in findings if f.severity != "info"]
 
 
-def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list[dict[str, str]]) -> str:
+def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list[NotMeasuredRow]) -> Status:
     """no_steps | problems | partial (nothing found, but something was not measured) | healthy."""
     if not steps:
         return "no_steps"
@@ -102,13 +106,14 @@ def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list
     return "partial" if not_measured else "healthy"
 
 
-def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: str) -> str:
+def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status) -> str:
     if not steps:
         return "No training step was detected, so there is no step time to break down."
     problems = _problems(findings)
     idle_text = f"GPU idle {idle:.0%} of each step" if idle is not None else "GPU activity not measured"
     if not problems:
-        return f"{idle_text}; no problems found." if status == "healthy" else f"{idle_text}; no problems found in what was measured."
+        measured = "" if status == "healthy" else " in what was measured"
+        return f"{idle_text}; no problems found{measured}."
     largest = max((f.impact or 0.0) for f in problems)
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
     cost = f", the largest costs ~{largest:.0%} of step time" if largest > 0 else ""
@@ -129,16 +134,25 @@ def _trace_file(run: Run) -> Path | None:
     return run.trace_file
 
 
-def _exception(run: Run) -> dict[str, Any] | None:
+def _exception(run: Run) -> ExceptionFacts | None:
     """What the script raised, when it ended with an exception."""
     ending = run.exit
     if not ending.exception:
         return None
-    return {"type": ending.exception, "message": ending.message or "",
-            "location": ending.location.to_dict() if ending.location else None}
+    where = ending.location
+    location: LocationJson | None = None if where is None else {
+        "file": where.file, "line": where.line, "function": where.function,
+    }
+    return {"type": ending.exception, "message": ending.message or "", "location": location}
 
 
-def _run_facts(run: Run) -> dict[str, Any]:
+def _window_settings(window: WindowSettings | None) -> WindowSettingsJson | None:
+    if window is None:
+        return None
+    return {"wait": window.wait, "warmup": window.warmup, "active": window.active, "every_s": window.every_s}
+
+
+def _run_facts(run: Run) -> RunFacts:
     manifest, env, steps = run.manifest, run.env, run.steps
     target, exit_info = manifest.target, manifest.exit
     return {
@@ -150,95 +164,9 @@ def _run_facts(run: Run) -> dict[str, Any]:
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": median_step_s(steps),
         "ending": exit_info.ending if exit_info else None, "exit_status": exit_info.status if exit_info else None,
-        "exception": _exception(run), "window": manifest.window.to_json() if manifest.window else None,
+        "exception": _exception(run), "window": _window_settings(manifest.window),
         "trace_only": run.trace_only,
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
-    }
-
-
-# -- per-step bars ---------------------------------------------------------------------------------
-def _step_bar(bar: StepBar) -> dict[str, Any]:
-    host = [{"key": p.phase, "label": PHASE_LABELS[p.phase], "s": p.mean_s, "share": p.share} for p in bar.phases]
-    gpu = None if bar.gpu is None else {"busy_s": bar.gpu.busy_s, "idle_s": bar.gpu.idle_s,
-                                        "idle_share": bar.gpu.idle_share}
-    label = f"step {bar.first}" if bar.first == bar.last else f"steps {bar.first}–{bar.last}"
-    return {"label": label, "first": bar.first, "last": bar.last, "wall_s": bar.wall_s, "host": host, "gpu": gpu}
-
-
-def _step_chart(steps: list[Step]) -> dict[str, Any] | None:
-    """Per analysed step (see analysis.summary.step_bars): host time by phase, and GPU busy vs idle."""
-    bars = step_bars(steps)
-    if bars is None:
-        return None
-    return {
-        "rows": [_step_bar(b) for b in bars.bars], "steps_per_row": bars.steps_per_row, "max_s": bars.max_s,
-        "legend": [{"key": p, "label": PHASE_LABELS[p]} for p in bars.phases], "has_gpu": bars.has_gpu,
-    }
-
-
-# -- the timeline ----------------------------------------------------------------------------------
-def _span(span: Span) -> dict[str, float]:
-    return {"start": span.start, "end": span.end}
-
-
-def _series_row(series: Series) -> dict[str, Any]:
-    label = f"GPU {series.device}" if series.device is not None else SERIES_LABELS[series.key]
-    row: dict[str, Any] = {"key": series.key, "label": label, "values": list(series.values)}
-    return {**row, "hover_only": True} if series.key in HOVER_ONLY_SERIES else row
-
-
-def _panel(panel: Panel) -> dict[str, Any]:
-    title, unit, kind = PANEL_TEXT[panel.key]
-    return {"key": panel.key, "title": title, "unit": unit, "kind": kind, "max": panel.max,
-            "series": [_series_row(s) for s in panel.series]}
-
-
-def _timeline(run: Run) -> dict[str, Any] | None:
-    """The run's timeline (see analysis.timeline), GPU, CPU and loader panels with their titles and legends."""
-    result = timeline(run)
-    if result is None:
-        return None
-    return {
-        "duration_s": result.duration_s, "bucket_s": result.bucket_s, "t": list(result.t),
-        "window": None if result.window is None else _span(result.window),
-        "other_windows": [_span(w) for w in result.other_windows],
-        "steps_per_bucket": list(result.steps_per_bucket), "panels": [_panel(p) for p in result.panels],
-    }
-
-
-# -- kernel durations ------------------------------------------------------------------------------
-def _bin_label(lo: float, hi: float | None) -> str:
-    def fmt(us: float) -> tuple[str, str]:
-        return (f"{us / 1000:g}", "ms") if us >= 1000 else (f"{us:g}", "µs")
-    if hi is None:
-        return "≥ {} {}".format(*fmt(lo))
-    if lo == 0:
-        return "< {} {}".format(*fmt(hi))
-    (a, unit_a), (b, unit_b) = fmt(lo), fmt(hi)
-    return f"{a}–{b} {unit_b}" if unit_a == unit_b else f"{a} {unit_a}–{b} {unit_b}"
-
-
-def _kernel_bin(b: KernelBin) -> dict[str, Any]:
-    return {"lo_us": b.lo_us, "hi_us": b.hi_us, "label": _bin_label(b.lo_us, b.hi_us), "count": b.count,
-            "time_us": b.time_us, "count_share": b.count_share, "time_share": b.time_share}
-
-
-def _top_kernel(k: KernelTotal) -> dict[str, Any]:
-    return {"name": k.name[:MAX_KERNEL_NAME], "count": k.count, "total_s": k.total_s, "mean_us": k.mean_us,
-            "share": k.share}
-
-
-def _kernel_histogram(run: Run, findings: list[FindingRecord]) -> dict[str, Any] | None:
-    """The analysed steps' kernel durations (see analysis.kernels); `launch_bound` when a small-batch finding
-    points at them."""
-    histogram = kernel_histogram(run.gpu, run.steps)
-    if histogram is None:
-        return None
-    return {
-        "count": histogram.count, "per_step": histogram.per_step, "median_us": histogram.median_us,
-        "total_s": histogram.total_s, "bins": [_kernel_bin(b) for b in histogram.bins],
-        "top": [_top_kernel(k) for k in histogram.top],
-        "launch_bound": any(f.category == "small_batch" for f in _problems(findings)),
     }
 
 
@@ -266,8 +194,8 @@ def _created(run: Run) -> float | None:
         return None
 
 
-def source_snippet(location: Mapping[str, Any] | None, run_cwd: str | None = None,
-                   created: float | None = None) -> dict[str, Any] | None:
+def source_snippet(location: LocationJson | None, run_cwd: str | None = None,
+                   created: float | None = None) -> SourceSnippet | None:
     """The lines around a finding's location, read now; None when the file is not here (or has no such line)."""
     if not location or not location.get("file") or not location.get("line"):
         return None
@@ -296,8 +224,8 @@ def doc_paragraphs(doc: str | None) -> list[str]:
     return [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", doc.strip()) if p.strip()]
 
 
-def _card(index: int, record: FindingRecord, shown: dict[str, Any], run: Run, docs: Mapping[str, str],
-          created: float | None) -> dict[str, Any]:
+def _card(index: int, record: FindingRecord, shown: FindingJson, run: Run, docs: Mapping[str, str],
+          created: float | None) -> Card:
     """A finding's card: `shown` is the record as findings.json has it, which the template reads."""
     return {
         "id": f"finding-{index + 1}", "finding": shown,
@@ -308,7 +236,7 @@ def _card(index: int, record: FindingRecord, shown: dict[str, Any], run: Run, do
 
 
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
-                 windows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                 windows: list[WindowStats] | None = None) -> Report:
     """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
 
     `windows` has one row per profiling window of a run profiled with --every (see engine.windows);
@@ -321,6 +249,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     not_measured = _not_measured(run)
     status = _status(result.findings, steps, not_measured)
     findings = [f.to_json() for f in result.findings]  # the report, as findings.json, holds them as JSON
+    launch_bound = any(f.category == "small_batch" for f in problems)  # the kernel chart shows why
     return {
         "schema_version": SCHEMA_VERSION,
         "gpudoctor_version": __version__,
@@ -333,12 +262,11 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "breakdown": _breakdown(steps),
         "steps": [_step_row(s) for s in steps],
         "charts": {
-            "steps": _step_chart(steps), "timeline": _timeline(run), "kernels": _kernel_histogram(run, result.findings),
+            "steps": step_chart(steps), "timeline": timeline_chart(run), "kernels": kernel_chart(run, launch_bound),
         },
         "cards": [_card(i, f, shown, run, docs or {}, created)
                   for i, (f, shown) in enumerate(zip(result.findings, findings))],
-        "links": {"trace": str(_trace_file(run)) if _trace_file(run) else None,
-                  "run": str(run.path.resolve()) if run.path is not None else None},
+        "links": _links(run),
         "windows": _windows(run, windows or []),
         "findings": findings,
         "not_evaluated": [row.to_json() for row in result.not_evaluated],
@@ -346,16 +274,21 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     }
 
 
-def _windows(shown: Run, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _links(run: Run) -> Links:
+    trace = _trace_file(run)
+    return {"trace": str(trace) if trace else None, "run": str(run.path.resolve()) if run.path is not None else None}
+
+
+def _windows(shown: Run, rows: list[WindowStats]) -> list[WindowRow]:
     """The windows' rows with their start as seconds into the run, and which one the charts show."""
     started = _created(shown)
     return [{**row, "start_s": None if started is None else max(0.0, row["start"] - started),
              "charted": row["index"] == shown.window} for row in rows]
 
 
-def link_outputs(report: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def link_outputs(report: Report, out_dir: Path) -> Report:
     """The report as written into `out_dir`: its link to the raw trace made relative to there."""
-    trace = report.get("links", {}).get("trace")
+    trace = report["links"]["trace"]
     if not trace:
         return report
     try:
@@ -364,4 +297,8 @@ def link_outputs(report: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         href = Path(trace).as_posix()
     if not href.startswith(("/", "../")):
         href = "./" + href  # a run directory named "javascript:..." stays a path
-    return {**report, "links": {**report["links"], "trace_href": quote(href)}}
+    links = report["links"].copy()
+    links["trace_href"] = quote(href)
+    linked = report.copy()
+    linked["links"] = links  # in the place the key had: the dict's order stays that of the Report
+    return linked

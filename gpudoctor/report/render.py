@@ -5,30 +5,38 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from typing import Any
 
 import jinja2
 from markupsafe import Markup, escape
 
+from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.paths import templates_dir
 from gpudoctor.report import svg
+from gpudoctor.report.document import FindingsDocument, Report
 from gpudoctor.report.units import elapsed, percent, seconds
 
-FINDINGS_KEYS = ("schema_version", "gpudoctor_version", "run", "summary", "findings", "not_evaluated", "errors",
-                 "windows")
+
+def findings_document(report: Report) -> FindingsDocument:
+    """The part of the Report that findings.json holds, in the order it holds it."""
+    return {
+        "schema_version": report["schema_version"], "gpudoctor_version": report["gpudoctor_version"],
+        "run": report["run"], "summary": report["summary"], "findings": report["findings"],
+        "not_evaluated": report["not_evaluated"], "errors": report["errors"], "windows": report["windows"],
+    }
 
 
-def to_json(report: dict[str, Any]) -> str:
+def to_json(report: Report) -> str:
     """findings.json: the contract other tools read."""
-    return json.dumps({k: report[k] for k in FINDINGS_KEYS}, indent=2, default=str) + "\n"
+    return json.dumps(findings_document(report), indent=2, default=str) + "\n"
 
 
-def _windows_seen(seen: list[dict[str, Any]], total: int) -> str:
+def _windows_seen(seen: list[FindingWindowJson], total: int) -> str:
     """'in 3 of 8 windows (#5 to #7), ~20% to ~41% of step time'."""
     indices = [w["index"] for w in seen]
     where = f"#{indices[0]}" if len(indices) == 1 else f"#{indices[0]} to #{indices[-1]}"
     text = f"in {len(seen)} of {total} windows ({where})"
-    shares = sorted({f"{w['impact']:.0%}": w["impact"] for w in seen if w.get("impact")}.items(), key=lambda s: s[1])
+    impacts = [impact for impact in (w["impact"] for w in seen) if impact]
+    shares = sorted({f"{impact:.0%}": impact for impact in impacts}.items(), key=lambda s: s[1])
     if shares:
         text += f", ~{shares[0][0]}" + (f" to ~{shares[-1][0]}" if len(shares) > 1 else "") + " of step time"
     return text
@@ -51,7 +59,7 @@ def _environment() -> jinja2.Environment:
 
 def _code_spans(text: str) -> Markup:
     """Text with `backquoted` parts as <code>; everything escaped first."""
-    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))  # noqa: S704 (escaped first)
 
 
 def _when(iso: str) -> str:
@@ -65,16 +73,16 @@ def _when(iso: str) -> str:
     return moment.strftime("%Y-%m-%d %H:%M") + (" UTC" if moment.tzinfo is not None else "")
 
 
-def to_html(report: dict[str, Any]) -> str:
+def to_html(report: Report) -> str:
     return _environment().get_template("report.html.j2").render(report=report)
 
 
-def _location(finding: dict[str, Any]) -> str:
+def _location(finding: FindingJson) -> str:
     loc = finding.get("location")
     return f" at {loc['file']}:{loc['line']}" if loc else ""
 
 
-def to_text(report: dict[str, Any], report_path: str | None = None, limit: int = 5) -> str:
+def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> str:
     """The one-screen terminal summary."""
     run = report["run"]
     lines = [f"gpudoctor: {report['summary']['verdict']}"]
@@ -82,7 +90,7 @@ def to_text(report: dict[str, Any], report_path: str | None = None, limit: int =
     if run.get("median_step_s") is not None:
         facts.append(f"median step {seconds(run['median_step_s'])}")
     if run.get("gpus"):
-        facts.append(", ".join(run["gpus"]))
+        facts.append(", ".join(str(gpu) for gpu in run["gpus"]))  # as the page joins them: an unnamed GPU is None
     lines.append("  " + "; ".join(facts))
     windows = report.get("windows") or []
     if len(windows) > 1:

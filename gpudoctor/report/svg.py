@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from markupsafe import Markup, escape
 
+from gpudoctor.report.document import KernelChart, PanelJson, StepChart, TimelineChart
 from gpudoctor.report.units import number, percent, seconds
 
 WIDTH = 900  # the viewBox width; the SVG scales to the page
@@ -53,7 +53,8 @@ def _text(x: float, y: float, text: str, cls: str = "", anchor: str = "start") -
 
 
 def _svg(height: float, label: str, body: Iterable[str], cls: str) -> Markup:
-    return Markup(
+    # Markup is safe here: every text in `body` went through escape() (_text, _title), every class through _cls
+    return Markup(  # noqa: S704
         f'<svg class="chart {_cls(cls)}" viewBox="0 0 {WIDTH} {_f(height)}" role="img" aria-label="{escape(label)}" '
         f'preserveAspectRatio="xMinYMin meet">{"".join(body)}</svg>'
     )
@@ -71,7 +72,7 @@ def nice_ticks(top: float, most: int = 6) -> list[float]:
 
 
 # -- per-step bars ---------------------------------------------------------------------------------
-def step_bars(chart: dict[str, Any] | None) -> Markup:
+def step_bars(chart: StepChart | None) -> Markup:
     """One row per step (or group of steps): host time by phase, and under it the GPU busy vs idle."""
     if not chart:
         return Markup("")
@@ -93,24 +94,27 @@ def step_bars(chart: dict[str, Any] | None) -> Markup:
         for seg in row["host"]:
             w = seg["s"] * scale
             if w > 0:
-                body.append(_rect(x, y, w, host_h, f"p-{seg['key']}",
-                                  f"{row['label']} · {seg['label']}: {seconds(seg['s'])} ({percent(seg['share'])} of the step)"))
+                what = f"{seconds(seg['s'])} ({percent(seg['share'])} of the step)"
+                body.append(_rect(x, y, w, host_h, f"p-{seg['key']}", f"{row['label']} · {seg['label']}: {what}"))
             x += w
         body.append(_text(left + row["wall_s"] * scale + 6, y + host_h - 3, seconds(row["wall_s"]), "value"))
         gpu = row["gpu"]
         if gpu is not None:
             gy = y + host_h + gap
             busy_w, idle_w = gpu["busy_s"] * scale, gpu["idle_s"] * scale
-            body.append(_rect(left, gy, busy_w, gpu_h, "g-busy", f"{row['label']} · GPU busy: {seconds(gpu['busy_s'])}"))
-            body.append(_rect(left + busy_w, gy, idle_w, gpu_h, "g-idle",
-                              f"{row['label']} · GPU idle: {seconds(gpu['idle_s'])} ({percent(gpu['idle_share'])} of the step)"))
+            busy = f"{row['label']} · GPU busy: {seconds(gpu['busy_s'])}"
+            idle = f"{row['label']} · GPU idle: {seconds(gpu['idle_s'])} ({percent(gpu['idle_share'])} of the step)"
+            body.append(_rect(left, gy, busy_w, gpu_h, "g-busy", busy))
+            body.append(_rect(left + busy_w, gy, idle_w, gpu_h, "g-idle", idle))
     return _svg(height, "time per step, by phase, and GPU busy versus idle", body, "steps-chart")
 
 
 # -- the timeline ----------------------------------------------------------------------------------
-def _polylines(xs: Sequence[float], values: Sequence[float | None], y_of: Any, cls: str, title: str) -> list[str]:
+def _polylines(xs: Sequence[float], values: Sequence[float | None], y_of: Callable[[float], float], cls: str,
+               title: str) -> list[str]:
     """One polyline per run of measured values: a gap in the samples stays a gap."""
-    runs, current = [], []
+    runs: list[list[str]] = []
+    current: list[str] = []
     for x, v in zip(xs, values):
         if v is None:
             if current:
@@ -125,15 +129,19 @@ def _polylines(xs: Sequence[float], values: Sequence[float | None], y_of: Any, c
             for r in runs]
 
 
-def _panel(panel: dict[str, Any], xs: list[float], bucket_w: float, y0: float, h: float, left: float) -> list[str]:
-    top, unit = panel["max"] or 1.0, panel["unit"]
-    ticks = nice_ticks(top, 2)
+def _panel(panel: PanelJson, xs: list[float], bucket_w: float, y0: float, h: float, left: float) -> list[str]:
+    unit = panel["unit"]
+    ticks = nice_ticks(panel["max"] or 1.0, 2)
     top = ticks[-1]
-    y_of = lambda v: y0 + h - min(v, top) / top * h  # noqa: E731
+
+    def y_of(v: float) -> float:
+        return y0 + h - min(v, top) / top * h
+
     body = [_text(left, y0 - 6, panel["title"], "panel-title")]
     lx = left + 8 + 7.2 * len(panel["title"])
-    for i, series in enumerate(s for s in panel["series"] if not s.get("hover_only")):
-        body.append(f'<line class="tl-{_cls(series["key"])} key" x1="{_f(lx)}" y1="{_f(y0 - 10)}" x2="{_f(lx + 14)}" y2="{_f(y0 - 10)}"/>')
+    for series in (s for s in panel["series"] if not s.get("hover_only")):
+        key, ly = _cls(series["key"]), _f(y0 - 10)
+        body.append(f'<line class="tl-{key} key" x1="{_f(lx)}" y1="{ly}" x2="{_f(lx + 14)}" y2="{ly}"/>')
         body.append(_text(lx + 18, y0 - 6, series["label"], "legend"))
         lx += 30 + 6.6 * len(series["label"])
     for t in ticks:
@@ -146,13 +154,14 @@ def _panel(panel: dict[str, Any], xs: list[float], bucket_w: float, y0: float, h
         if panel["kind"] == "bars":
             for x, v in zip(xs, series["values"]):
                 if v:
-                    body.append(_rect(x - bucket_w / 2, y_of(v), max(bucket_w * 0.8, 1.0), y0 + h - y_of(v), f"tl-{series['key']}"))
+                    bar_w = max(bucket_w * 0.8, 1.0)
+                    body.append(_rect(x - bucket_w / 2, y_of(v), bar_w, y0 + h - y_of(v), f"tl-{series['key']}"))
         else:
             body.extend(_polylines(xs, series["values"], y_of, f"tl-{series['key']} line", series["label"]))
     return body
 
 
-def _hover(timeline: dict[str, Any], i: int) -> str:
+def _hover(timeline: TimelineChart, i: int) -> str:
     lo, hi = i * timeline["bucket_s"], (i + 1) * timeline["bucket_s"]
     parts = [f"{lo:.1f}–{hi:.1f} s"]
     for panel in timeline["panels"]:
@@ -166,14 +175,17 @@ def _hover(timeline: dict[str, Any], i: int) -> str:
     return " · ".join(parts)
 
 
-def timeline(chart: dict[str, Any] | None) -> Markup:
+def timeline(chart: TimelineChart | None) -> Markup:
     """Stacked panels over the run's time (GPU utilization, CPU, loader wait), the profiled window shaded."""
     if not chart:
         return Markup("")
     left, panel_h, head, axis = 64.0, 78.0, 30.0, 26.0
     plot_w = WIDTH - left - 12
     duration = max(chart["duration_s"], 1e-3)
-    x_of = lambda t: left + t / duration * plot_w  # noqa: E731
+
+    def x_of(t: float) -> float:
+        return left + t / duration * plot_w
+
     xs = [x_of(t) for t in chart["t"]]
     bucket_w = chart["bucket_s"] / duration * plot_w
     height = len(chart["panels"]) * (panel_h + head) + axis
@@ -181,8 +193,8 @@ def timeline(chart: dict[str, Any] | None) -> Markup:
     body = []
     for other in chart.get("other_windows", []):
         ox = x_of(other["start"])
-        body.append(_rect(ox, plot_top - 4, max(x_of(other["end"]) - ox, 3.0), plot_bottom - plot_top + 4, "window other",
-                          f"another profiling window: {other['start']:.2f}–{other['end']:.2f} s"))
+        body.append(_rect(ox, plot_top - 4, max(x_of(other["end"]) - ox, 3.0), plot_bottom - plot_top + 4,
+                          "window other", f"another profiling window: {other['start']:.2f}–{other['end']:.2f} s"))
     window = chart["window"]
     if window:
         wx = x_of(window["start"])
@@ -201,7 +213,7 @@ def timeline(chart: dict[str, Any] | None) -> Markup:
 
 
 # -- kernel durations ------------------------------------------------------------------------------
-def kernel_histogram(chart: dict[str, Any] | None) -> Markup:
+def kernel_histogram(chart: KernelChart | None) -> Markup:
     """Per duration bin, the share of kernels and the share of GPU kernel time."""
     if not chart:
         return Markup("")
@@ -209,7 +221,10 @@ def kernel_histogram(chart: dict[str, Any] | None) -> Markup:
     plot_h = height - top - bottom
     bins = chart["bins"]
     ticks = nice_ticks(max(max(b["count_share"], b["time_share"]) for b in bins) * 100, 4)
-    y_of = lambda share: top + plot_h - share * 100 / ticks[-1] * plot_h  # noqa: E731
+
+    def y_of(share: float) -> float:
+        return top + plot_h - share * 100 / ticks[-1] * plot_h
+
     group = (WIDTH - left - 12) / len(bins)
     bar = min(group * 0.36, 34.0)
     body = [
@@ -222,8 +237,10 @@ def kernel_histogram(chart: dict[str, Any] | None) -> Markup:
         body.append(_text(left - 6, y + 4, f"{t:g}%", "tick", "end"))
     for i, b in enumerate(bins):
         cx = left + (i + 0.5) * group
-        what = f"{b['label']}: {b['count']:,} kernels ({percent(b['count_share'])}), {seconds(b['time_us'] / 1e6)} of GPU time ({percent(b['time_share'])})"
-        body.append(_rect(cx - bar, y_of(b["count_share"]), bar, top + plot_h - y_of(b["count_share"]), "k-count", what))
+        what = (f"{b['label']}: {b['count']:,} kernels ({percent(b['count_share'])}), "
+                f"{seconds(b['time_us'] / 1e6)} of GPU time ({percent(b['time_share'])})")
+        body.append(_rect(cx - bar, y_of(b["count_share"]), bar, top + plot_h - y_of(b["count_share"]), "k-count",
+                          what))
         body.append(_rect(cx, y_of(b["time_share"]), bar, top + plot_h - y_of(b["time_share"]), "k-time", what))
         body.append(_text(cx, height - bottom + 16, b["label"], "tick", "middle"))
     return _svg(height, "kernel duration histogram", body, "kernels-chart")

@@ -17,7 +17,7 @@ def elapsed(value: float | None) -> str:
     """Time into the run: 42 s, 12 min 05 s, 3 h 20 min."""
     if value is None:
         return "—"
-    total = int(round(value))
+    total = round(value)
     if total < 60:
         return f"{total} s"
     if total < 3600:

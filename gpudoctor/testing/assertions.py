@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 from gpudoctor.analysis import NotEvaluated, Run
+from gpudoctor.bundle.findings import FindingJson, LocationJson
 from gpudoctor.engine import EngineResult, Rule, RuleFunction, find_rule, load_rules, rule_of, run_rules
 from gpudoctor.testing.sites import SITE_DEFAULT, Site, site_dict
 
 # A rule as a test names it: the decorated function, its Rule, or a built-in rule's code, name or old code.
 RuleLike = RuleFunction | Rule | str
+
+
+class _WantedFields(TypedDict):
+    file: str
+    line: int
+
+
+class _Wanted(_WantedFields, total=False):
+    """The location a test expects: "file:line" says no function."""
+
+    function: str
 
 
 class RuleRaised(AssertionError):
@@ -29,7 +42,7 @@ def _resolve(rule: RuleLike) -> Rule:
     return found
 
 
-def evaluate(rule: RuleLike, run: Run, **options: Any) -> EngineResult:
+def evaluate(rule: RuleLike, run: Run, **options: object) -> EngineResult:
     """Run one rule through the engine, with option overrides; the full result (findings, not_evaluated, errors)."""
     r = _resolve(rule)
     unknown = set(options) - set(r.options)
@@ -39,7 +52,7 @@ def evaluate(rule: RuleLike, run: Run, **options: Any) -> EngineResult:
     return run_rules(run, [r], {r.code: options})
 
 
-def run_rule(rule: RuleLike, run: Run, **options: Any) -> list[dict[str, Any]]:
+def run_rule(rule: RuleLike, run: Run, **options: object) -> list[FindingJson]:
     """The finding dicts (as in findings.json) that one rule produces on `run`.
 
     Raises NotEvaluated when the rule had not the data it needs, and RuleRaised (an AssertionError, with
@@ -56,7 +69,8 @@ def run_rule(rule: RuleLike, run: Run, **options: Any) -> list[dict[str, Any]]:
 
 def assert_fires(rule: RuleLike, run: Run, *, count: int | None = None, severity: str | None = None,
                  impact: float | tuple[float, float] | None = None, title: str | None = None,
-                 location: Site | str = SITE_DEFAULT, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                 location: Site | str = SITE_DEFAULT,
+                 options: Mapping[str, object] | None = None) -> list[FindingJson]:
     """Assert the rule produces findings (exactly `count`, when given) and return them.
 
     Each check applies to the first finding: `severity`; `impact` as a value (to within 0.02) or a
@@ -67,7 +81,8 @@ def assert_fires(rule: RuleLike, run: Run, *, count: int | None = None, severity
     name = _resolve(rule).code
     assert findings, f"rule {name} found nothing; expected {count or 'at least one'} finding(s)"
     if count is not None:
-        assert len(findings) == count, f"rule {name} made {len(findings)} findings, expected {count}: " + _titles(findings)
+        made = f"rule {name} made {len(findings)} findings, expected {count}: "
+        assert len(findings) == count, made + _titles(findings)
     first = findings[0]
     if severity is not None:
         assert first["severity"] == severity, f"rule {name}: severity {first['severity']!r}, expected {severity!r}"
@@ -80,14 +95,14 @@ def assert_fires(rule: RuleLike, run: Run, *, count: int | None = None, severity
     return findings
 
 
-def assert_silent(rule: RuleLike, run: Run, *, options: dict[str, Any] | None = None) -> None:
+def assert_silent(rule: RuleLike, run: Run, *, options: Mapping[str, object] | None = None) -> None:
     """Assert the rule ran (it was evaluated, and did not raise) and found nothing."""
     findings = _findings_for_assert(rule, run, options)
     assert not findings, f"rule {_resolve(rule).code} should be silent but found: " + _titles(findings)
 
 
 def assert_not_evaluated(rule: RuleLike, run: Run, reason: str | None = None, *,
-                         options: dict[str, Any] | None = None) -> str:
+                         options: Mapping[str, object] | None = None) -> str:
     """Assert the rule was not evaluated (its data is missing); `reason` is a substring of its reason."""
     result = evaluate(rule, run, **(options or {}))
     name = _resolve(rule).code
@@ -99,14 +114,14 @@ def assert_not_evaluated(rule: RuleLike, run: Run, reason: str | None = None, *,
     return said
 
 
-def _findings_for_assert(rule: RuleLike, run: Run, options: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _findings_for_assert(rule: RuleLike, run: Run, options: Mapping[str, object] | None) -> list[FindingJson]:
     try:
         return run_rule(rule, run, **(options or {}))
     except NotEvaluated as exc:
         raise AssertionError(f"rule {_resolve(rule).code} was not evaluated: {exc}") from None
 
 
-def _titles(findings: list[dict[str, Any]]) -> str:
+def _titles(findings: list[FindingJson]) -> str:
     return "; ".join(repr(f["title"]) for f in findings)
 
 
@@ -119,16 +134,20 @@ def _check_impact(name: str, actual: float | None, expected: float | tuple[float
         assert abs(actual - expected) <= 0.02, f"rule {name}: impact {actual}, expected {expected} (±0.02)"
 
 
-def _check_location(name: str, actual: dict[str, Any] | None, expected: Site | str) -> None:
+def _wanted(expected: Site | str) -> _Wanted:
+    if isinstance(expected, str):
+        file, _, line = expected.rpartition(":")
+        return {"file": file, "line": int(line)}
+    site = site_dict(expected) or {}
+    return {"file": site["file"], "line": site["line"], "function": site["function"]}
+
+
+def _check_location(name: str, actual: LocationJson | None, expected: Site | str) -> None:
     if expected is None:
         assert actual is None, f"rule {name}: location {actual}, expected none"
         return
     assert actual is not None, f"rule {name}: no location, expected {expected}"
-    if isinstance(expected, str):
-        file, _, line = expected.rpartition(":")
-        want: dict[str, Any] = {"file": file, "line": int(line)}
-    else:
-        want = site_dict(expected) or {}
+    want = _wanted(expected)
     got_file = str(actual["file"])
     file_ok = got_file == want["file"] or ("/" not in want["file"] and os.path.basename(got_file) == want["file"])
     line_ok = int(actual["line"]) == int(want["line"])

@@ -1,0 +1,135 @@
+"""The report's charts as JSON: per-step bars, the run's timeline, the kernel-duration histogram.
+
+The figures come ready from analysis (`analysis.summary.step_bars`, `analysis.timeline`, `analysis.kernels`); this
+module gives them their labels, titles and legends, in the shapes of report.document that report/svg.py draws.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gpudoctor.analysis import Run
+from gpudoctor.analysis.kernels import KernelBin, KernelTotal, kernel_histogram
+from gpudoctor.analysis.summary import StepBar, step_bars
+from gpudoctor.analysis.timeline import Panel, Series, Span, timeline
+from gpudoctor.analysis.views import Step
+from gpudoctor.report.document import (
+    GpuBar,
+    HostSegment,
+    KernelBinRow,
+    KernelChart,
+    PanelJson,
+    SeriesRow,
+    SpanJson,
+    StepBarRow,
+    StepChart,
+    TimelineChart,
+    TopKernel,
+)
+
+__all__ = ["PHASE_LABELS", "kernel_chart", "step_chart", "timeline_chart"]
+
+PHASE_LABELS = {
+    "data_wait": "data wait", "copy": "host↔device copy", "forward": "forward", "backward": "backward",
+    "optimizer": "optimizer", "sync": "sync", "other": "other host time",
+}
+# The timeline's panels and series: title, unit and how each panel is drawn; each series' legend.
+PANEL_TEXT: dict[str, tuple[str, str, Literal["line", "bars"]]] = {
+    "gpu": ("GPU utilization (NVML)", "%", "line"), "cpu": ("CPU (cores busy)", "cores", "line"),
+    "loader": ("Loader wait per step", "ms", "bars"),
+}
+SERIES_LABELS = {
+    "tree": "the script's processes", "host": "whole host", "wait": "longest wait", "wait_mean": "mean wait",
+}
+HOVER_ONLY_SERIES = frozenset({"wait_mean"})  # shown in a bucket's tooltip, not drawn
+MAX_KERNEL_NAME = 160
+
+
+# -- per-step bars ---------------------------------------------------------------------------------
+def _step_bar(bar: StepBar) -> StepBarRow:
+    host: list[HostSegment] = [{"key": p.phase, "label": PHASE_LABELS[p.phase], "s": p.mean_s, "share": p.share}
+                               for p in bar.phases]
+    gpu: GpuBar | None = None
+    if bar.gpu is not None:
+        gpu = {"busy_s": bar.gpu.busy_s, "idle_s": bar.gpu.idle_s, "idle_share": bar.gpu.idle_share}
+    label = f"step {bar.first}" if bar.first == bar.last else f"steps {bar.first}–{bar.last}"
+    return {"label": label, "first": bar.first, "last": bar.last, "wall_s": bar.wall_s, "host": host, "gpu": gpu}
+
+
+def step_chart(steps: list[Step]) -> StepChart | None:
+    """Per analysed step (see analysis.summary.step_bars): host time by phase, and GPU busy vs idle."""
+    bars = step_bars(steps)
+    if bars is None:
+        return None
+    return {
+        "rows": [_step_bar(b) for b in bars.bars], "steps_per_row": bars.steps_per_row, "max_s": bars.max_s,
+        "legend": [{"key": p, "label": PHASE_LABELS[p]} for p in bars.phases], "has_gpu": bars.has_gpu,
+    }
+
+
+# -- the timeline ----------------------------------------------------------------------------------
+def _span(span: Span) -> SpanJson:
+    return {"start": span.start, "end": span.end}
+
+
+def _series_row(series: Series) -> SeriesRow:
+    label = f"GPU {series.device}" if series.device is not None else SERIES_LABELS[series.key]
+    row: SeriesRow = {"key": series.key, "label": label, "values": list(series.values)}
+    if series.key in HOVER_ONLY_SERIES:
+        row["hover_only"] = True
+    return row
+
+
+def _panel(panel: Panel) -> PanelJson:
+    title, unit, kind = PANEL_TEXT[panel.key]
+    return {"key": panel.key, "title": title, "unit": unit, "kind": kind, "max": panel.max,
+            "series": [_series_row(s) for s in panel.series]}
+
+
+def timeline_chart(run: Run) -> TimelineChart | None:
+    """The run's timeline (see analysis.timeline), GPU, CPU and loader panels with their titles and legends."""
+    result = timeline(run)
+    if result is None:
+        return None
+    return {
+        "duration_s": result.duration_s, "bucket_s": result.bucket_s, "t": list(result.t),
+        "window": None if result.window is None else _span(result.window),
+        "other_windows": [_span(w) for w in result.other_windows],
+        "steps_per_bucket": list(result.steps_per_bucket), "panels": [_panel(p) for p in result.panels],
+    }
+
+
+# -- kernel durations ------------------------------------------------------------------------------
+def _bin_label(lo: float, hi: float | None) -> str:
+    def fmt(us: float) -> tuple[str, str]:
+        return (f"{us / 1000:g}", "ms") if us >= 1000 else (f"{us:g}", "µs")
+    if hi is None:
+        return "≥ {} {}".format(*fmt(lo))
+    if lo == 0:
+        return "< {} {}".format(*fmt(hi))
+    (a, unit_a), (b, unit_b) = fmt(lo), fmt(hi)
+    return f"{a}–{b} {unit_b}" if unit_a == unit_b else f"{a} {unit_a}–{b} {unit_b}"
+
+
+def _kernel_bin(b: KernelBin) -> KernelBinRow:
+    return {"lo_us": b.lo_us, "hi_us": b.hi_us, "label": _bin_label(b.lo_us, b.hi_us), "count": b.count,
+            "time_us": b.time_us, "count_share": b.count_share, "time_share": b.time_share}
+
+
+def _top_kernel(k: KernelTotal) -> TopKernel:
+    return {"name": k.name[:MAX_KERNEL_NAME], "count": k.count, "total_s": k.total_s, "mean_us": k.mean_us,
+            "share": k.share}
+
+
+def kernel_chart(run: Run, launch_bound: bool) -> KernelChart | None:
+    """The analysed steps' kernel durations (see analysis.kernels); `launch_bound` when a small-batch finding
+    points at them."""
+    histogram = kernel_histogram(run.gpu, run.steps)
+    if histogram is None:
+        return None
+    return {
+        "count": histogram.count, "per_step": histogram.per_step, "median_us": histogram.median_us,
+        "total_s": histogram.total_s, "bins": [_kernel_bin(b) for b in histogram.bins],
+        "top": [_top_kernel(k) for k in histogram.top],
+        "launch_bound": launch_bound,
+    }

@@ -1,0 +1,283 @@
+"""The Report's shape: the JSON that report.model builds, the renderers format and findings.json holds part of.
+
+Each TypedDict types a dict the report already was, key for key, so typing it changes no output. A key that is
+only sometimes there sits in a `total=False` class that adds it to the keys always there. findings.json's records
+(FindingJson, ...) are in gpudoctor.bundle.findings; its document is FindingsDocument, a fixed subset of Report.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from gpudoctor.bundle.findings import FindingJson, LocationJson, NotEvaluatedJson, RuleErrorJson
+from gpudoctor.engine.windows import WindowStats
+
+__all__ = [
+    "BreakdownJson", "Card", "Charts", "ExceptionFacts", "FindingsDocument", "GpuBar", "HostSegment", "KernelBinRow",
+    "KernelChart", "LegendItem", "Links", "NotMeasuredRow", "PanelJson", "PhaseRow", "Report", "RunFacts",
+    "SeriesRow", "SourceLine", "SourceSnippet", "SpanJson", "Status", "StepBarRow", "StepChart", "StepRow",
+    "Summary", "TimelineChart", "TopKernel", "WindowRow", "WindowSettingsJson",
+]
+
+Status = Literal["no_steps", "problems", "partial", "healthy"]
+
+
+# -- the verdict and the facts at the top ------------------------------------------------------------
+class Summary(TypedDict):
+    verdict: str
+    gpu_idle_share: float | None
+    healthy: bool
+    problems: int
+    status: Status
+
+
+class ExceptionFacts(TypedDict):
+    """What the script raised, when it ended with an exception."""
+
+    type: str
+    message: str
+    location: LocationJson | None
+
+
+class WindowSettingsJson(TypedDict):
+    """The profiling window asked for, in steps (the manifest's WindowSettings)."""
+
+    wait: int
+    warmup: int
+    active: int
+    every_s: float | None
+
+
+class RunFacts(TypedDict):
+    script: str | None
+    module: bool
+    args: list[str]
+    command: str | None
+    cwd: str | None
+    created: str | None
+    duration_s: float | None
+    python: str | None
+    torch: str | None
+    cuda: str | None
+    driver: str | None
+    gpus: list[str | None]
+    cores: int | None
+    steps_total: int
+    steps_analysed: int
+    median_step_s: float | None
+    ending: str | None
+    exit_status: int | None
+    exception: ExceptionFacts | None
+    window: WindowSettingsJson | None
+    trace_only: bool
+    trace: str | None
+
+
+class NotMeasuredRow(TypedDict):
+    what: str
+    reason: str
+
+
+# -- where each step's time went -----------------------------------------------------------------------
+class PhaseRow(TypedDict):
+    phase: str
+    label: str
+    mean_s: float
+    share: float
+
+
+class BreakdownJson(TypedDict):
+    phases: list[PhaseRow]
+    mean_step_s: float | None
+
+
+class StepRow(TypedDict):
+    """One analysed step; a phase not measured is None."""
+
+    index: int
+    wall_s: float
+    window: str
+    data_wait_s: float
+    copy_s: float | None
+    forward_s: float | None
+    backward_s: float | None
+    optimizer_s: float | None
+    sync_s: float | None
+    other_s: float
+    gpu_busy_s: float | None
+    gpu_idle_s: float | None
+    kernels: int | None
+
+
+class HostSegment(TypedDict):
+    key: str
+    label: str
+    s: float
+    share: float
+
+
+class GpuBar(TypedDict):
+    busy_s: float
+    idle_s: float
+    idle_share: float
+
+
+class StepBarRow(TypedDict):
+    label: str
+    first: int
+    last: int
+    wall_s: float
+    host: list[HostSegment]
+    gpu: GpuBar | None
+
+
+class LegendItem(TypedDict):
+    key: str
+    label: str
+
+
+class StepChart(TypedDict):
+    rows: list[StepBarRow]
+    steps_per_row: int
+    max_s: float
+    legend: list[LegendItem]
+    has_gpu: bool
+
+
+# -- the timeline --------------------------------------------------------------------------------------
+class SpanJson(TypedDict):
+    start: float
+    end: float
+
+
+class _SeriesFields(TypedDict):
+    key: str
+    label: str
+    values: list[float | None]
+
+
+class SeriesRow(_SeriesFields, total=False):
+    hover_only: bool  # shown in a bucket's tooltip, not drawn; the key is there only when true
+
+
+class PanelJson(TypedDict):
+    key: str
+    title: str
+    unit: str
+    kind: Literal["line", "bars"]
+    max: float
+    series: list[SeriesRow]
+
+
+class TimelineChart(TypedDict):
+    duration_s: float
+    bucket_s: float
+    t: list[float]
+    window: SpanJson | None
+    other_windows: list[SpanJson]
+    steps_per_bucket: list[float | None]
+    panels: list[PanelJson]
+
+
+# -- kernel durations ----------------------------------------------------------------------------------
+class KernelBinRow(TypedDict):
+    lo_us: float
+    hi_us: float | None
+    label: str
+    count: int
+    time_us: float
+    count_share: float
+    time_share: float
+
+
+class TopKernel(TypedDict):
+    name: str
+    count: int
+    total_s: float
+    mean_us: float
+    share: float
+
+
+class KernelChart(TypedDict):
+    count: int
+    per_step: float
+    median_us: float
+    total_s: float
+    bins: list[KernelBinRow]
+    top: list[TopKernel]
+    launch_bound: bool
+
+
+class Charts(TypedDict):
+    steps: StepChart | None
+    timeline: TimelineChart | None
+    kernels: KernelChart | None
+
+
+# -- finding cards, links, windows ---------------------------------------------------------------------
+class SourceLine(TypedDict):
+    number: int
+    text: str
+    highlight: bool
+
+
+class SourceSnippet(TypedDict):
+    file: str
+    line: int
+    changed_since_run: bool
+    lines: list[SourceLine]
+
+
+class Card(TypedDict):
+    id: str
+    finding: FindingJson  # the finding as findings.json has it
+    impact_percent: float | None
+    source: SourceSnippet | None
+    doc: list[str]
+
+
+class _LinkFields(TypedDict):
+    trace: str | None
+    run: str | None
+
+
+class Links(_LinkFields, total=False):
+    trace_href: str  # the trace relative to the report, once it is written (report.model.link_outputs)
+
+
+class WindowRow(WindowStats):
+    """A profiling window of a run profiled with --every (see engine.windows.WindowStats)."""
+
+    start_s: float | None  # seconds into the run
+    charted: bool
+
+
+# -- the documents -------------------------------------------------------------------------------------
+class Report(TypedDict):
+    schema_version: int
+    gpudoctor_version: str
+    run: RunFacts
+    summary: Summary
+    not_measured: list[NotMeasuredRow]
+    breakdown: BreakdownJson
+    steps: list[StepRow]
+    charts: Charts
+    cards: list[Card]
+    links: Links
+    windows: list[WindowRow]
+    findings: list[FindingJson]
+    not_evaluated: list[NotEvaluatedJson]
+    errors: list[RuleErrorJson]
+
+
+class FindingsDocument(TypedDict):
+    """findings.json (gpudoctor/schemas/findings.schema.json): these keys of the Report, in this order."""
+
+    schema_version: int
+    gpudoctor_version: str
+    run: RunFacts
+    summary: Summary
+    findings: list[FindingJson]
+    not_evaluated: list[NotEvaluatedJson]
+    errors: list[RuleErrorJson]
+    windows: list[WindowRow]
