@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudoctor.analysis import Run
@@ -18,6 +18,7 @@ from gpudoctor.engine import (
     resolve_options,
     select_rules,
 )
+from gpudoctor.engine.isolation import DEFAULT_RULE_TIMEOUT_S, RuleLimits
 from gpudoctor.errors import OutputNotWritableError
 from gpudoctor.report import build_report
 from gpudoctor.report.document import Report
@@ -33,12 +34,14 @@ class RuleSelection:
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     options: tuple[str, ...] = ()  # CODE.option=value
+    rule_timeout_s: float | None = None  # --rule-timeout; else pyproject.toml's, else the default
 
 
 @dataclass
 class PreparedRules:
     rules: list[Rule]
     options: dict[str, dict[str, object]]  # rule code -> option -> value, checked against the option's default
+    limits: RuleLimits = field(default_factory=RuleLimits)
 
 
 @dataclass
@@ -66,7 +69,8 @@ def prepare_rules(selection: RuleSelection, project_dir: Path | None = None) -> 
     project = load_project_rules(selection.paths, project_dir)
     options = resolve_options(project.rules, (str(project.config.source), project.options),
                               ("--rule-option", parse_cli_options(list(selection.options))))
-    return PreparedRules(project.selected(selection), options)
+    timeout = selection.rule_timeout_s or project.config.rule_timeout_s or DEFAULT_RULE_TIMEOUT_S
+    return PreparedRules(project.selected(selection), options, RuleLimits(time_s=timeout))
 
 
 def open_run(path: Path) -> Run:
@@ -76,7 +80,7 @@ def open_run(path: Path) -> Run:
 
 def diagnose(run: Run, prepared: PreparedRules) -> Report:
     docs = {r.code: r.doc for r in prepared.rules}
-    diagnosis = diagnose_windows(run, prepared.rules, prepared.options)
+    diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
     return build_report(diagnosis.run, diagnosis.result, docs, diagnosis.windows)
 
 

@@ -38,6 +38,7 @@ class ProjectConfig:
     select: list[str] = field(default_factory=list)
     ignore: list[str] = field(default_factory=list)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rule_timeout_s: float | None = None  # [tool.gpudoctor] rule_timeout: seconds a rule may run
 
 
 def find_pyproject(start: Path) -> Path | None:
@@ -65,7 +66,17 @@ def load_project_config(start: Path | None = None) -> ProjectConfig:
     return ProjectConfig(
         source=path, rule_paths=[_relative_to(path.parent, p) for p in paths],
         select=list(table.get("select", [])), ignore=list(table.get("ignore", [])), options=options,
+        rule_timeout_s=_rule_timeout(path, table.get("rule_timeout")),
     )
+
+
+def _rule_timeout(path: Path, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise RuleLoadError(f"{path}: [tool.gpudoctor] rule_timeout must be a number of seconds above 0, "
+                            f"not {value!r}.")
+    return float(value)
 
 
 def _relative_to(root: Path, spec: str) -> str:

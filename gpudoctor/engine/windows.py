@@ -18,6 +18,7 @@ import msgspec
 from gpudoctor.analysis import Run
 from gpudoctor.bundle.findings import FindingRecord, FindingWindow, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction
+from gpudoctor.engine.isolation import RuleLimits
 from gpudoctor.engine.runner import EngineResult, FindingKey, RuleOptions, as_rules, finding_key, rank, run_rules
 
 _NUMBER = re.compile(r"\d[\d.,]*")
@@ -50,11 +51,13 @@ class Diagnosis:
     windows: list[WindowStats]  # one row per window, for the report
 
 
-def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptions) -> Diagnosis:
+def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptions,
+                     limits: RuleLimits | None = None) -> Diagnosis:
     checked = as_rules(rules)
     if len(run.windows) < 2:
-        return Diagnosis(run, run_rules(run, checked, options), [])
-    per_window = [WindowResult(w, run_rules(w, checked, options)) for w in (run.for_window(i.index) for i in run.windows)]
+        return Diagnosis(run, run_rules(run, checked, options, limits), [])
+    windows = [run.for_window(info.index) for info in run.windows]
+    per_window = [WindowResult(w, run_rules(w, checked, options, limits)) for w in windows]
     result = EngineResult(_findings(per_window), _not_evaluated(per_window), _errors(per_window))
     return Diagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window])
 

@@ -27,7 +27,9 @@ def findings_document(report: Report) -> FindingsDocument:
 
 def to_json(report: Report) -> str:
     """findings.json: the contract other tools read."""
-    return json.dumps(findings_document(report), indent=2, default=str) + "\n"
+    # Strict JSON: every number that reaches the report is checked finite where it enters (the bundle's records,
+    # the trace reader, engine.checks), so a NaN here is a bug in gpudoctor, not a file for other tools to choke on.
+    return json.dumps(findings_document(report), indent=2, default=str, allow_nan=False) + "\n"
 
 
 def _windows_seen(seen: list[FindingWindowJson], total: int) -> str:
