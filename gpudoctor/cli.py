@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from typer.core import TyperCommand, TyperOption
@@ -16,18 +16,29 @@ from typer.core import TyperCommand, TyperOption
 from gpudoctor import __version__
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.diagnose import (
-    PreparedRules, RuleSelection, diagnose, load_project_rules, open_run, prepare_rules, write_outputs,
+    PreparedRules,
+    RuleSelection,
+    diagnose,
+    load_project_rules,
+    open_run,
+    prepare_rules,
+    write_outputs,
 )
 from gpudoctor.engine import CATEGORIES, SEVERITIES, Rule, find_rule, retired_codes
 from gpudoctor.engine.scaffold import DEFAULT_NAME, new_rule
 from gpudoctor.errors import EXIT_FINDINGS, EXIT_INTERNAL, GpudoctorError, InputNotFoundError
-from gpudoctor.launcher import ProfileRequest, profile as run_profile
+from gpudoctor.launcher import ProfileRequest
+from gpudoctor.launcher import profile as run_profile
 from gpudoctor.report.document import Report
 from gpudoctor.report.render import to_text
 from gpudoctor.ui.trace_progress import TraceProgress
 
-# Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
-_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
+    from typer._click.core import Context as _ClickContext
+    from typer._click.exceptions import ClickException as _ClickException
+else:
+    # Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
+    _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -36,12 +47,17 @@ app = typer.Typer(
 rules_app = typer.Typer(no_args_is_help=True, help="List, explain and start rules.")
 app.add_typer(rules_app, name="rules")
 
-RulesOption = Annotated[Optional[list[str]], typer.Option("--rules", help="A rule file, directory of them, or module (repeatable).")]
-SelectOption = Annotated[Optional[list[str]], typer.Option("--select", help="Run only rules whose code starts with this (repeatable).")]
-IgnoreOption = Annotated[Optional[list[str]], typer.Option("--ignore", help="Skip rules whose code starts with this (repeatable).")]
-RuleOptionOption = Annotated[Optional[list[str]], typer.Option("--rule-option", help="Set a rule option: CODE.option=value (repeatable).")]
-FailOnOption = Annotated[Optional[str], typer.Option("--fail-on", help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
-FormatOption = Annotated[Optional[list[str]], typer.Option(
+RulesOption = Annotated[
+    list[str] | None, typer.Option("--rules", help="A rule file, directory of them, or module (repeatable).")]
+SelectOption = Annotated[
+    list[str] | None, typer.Option("--select", help="Run only rules whose code starts with this (repeatable).")]
+IgnoreOption = Annotated[
+    list[str] | None, typer.Option("--ignore", help="Skip rules whose code starts with this (repeatable).")]
+RuleOptionOption = Annotated[
+    list[str] | None, typer.Option("--rule-option", help="Set a rule option: CODE.option=value (repeatable).")]
+FailOnOption = Annotated[str | None, typer.Option(
+    "--fail-on", help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
+FormatOption = Annotated[list[str] | None, typer.Option(
     "--format", help="text (the summary, on stderr), json (findings.json), html (report.html): repeatable or "
                      "comma-separated. Default: all three.")]
 FORMATS = ("text", "json", "html")
@@ -54,9 +70,11 @@ Exit status:
   2    bad usage, a rule file that cannot be used, a script not found
   65   a run bundle or trace that cannot be read; 66 a path that does not exist
   70   a bug in gpudoctor; 73 the output directory cannot be written"""
-PROFILE_HELP = ("Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report. While it runs, "
-                "a status line on the terminal (only when stderr is one) shows the steps seen and the profiling window."
-                + EXIT_STATUS_HELP.replace("Exit status:", "Exit status (the script's own when it fails, a signal N as 128+N):")
+PROFILE_HELP = ("Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report. While it "
+                "runs, a status line on the terminal (only when stderr is one) shows the steps seen and the profiling "
+                "window."
+                + EXIT_STATUS_HELP.replace("Exit status:",
+                                           "Exit status (the script's own when it fails, a signal N as 128+N):")
                 + "\n  124  --timeout stopped the script")
 ANALYZE_HELP = "Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere." + EXIT_STATUS_HELP
 
@@ -69,7 +87,8 @@ def _formats(values: list[str] | None) -> tuple[str, ...]:
     chosen = [v.strip().lower() for value in values or FORMATS for v in value.split(",") if v.strip()]
     unknown = [v for v in chosen if v not in FORMATS]
     if unknown or not chosen:
-        raise typer.BadParameter(f"--format takes {', '.join(FORMATS)} (repeatable or comma-separated), not {', '.join(unknown) or 'nothing'}.")
+        raise typer.BadParameter(f"--format takes {', '.join(FORMATS)} (repeatable or comma-separated), "
+                                 f"not {', '.join(unknown) or 'nothing'}.")
     return tuple(dict.fromkeys(chosen))
 
 
@@ -104,25 +123,30 @@ def _end_options_after_module(args: list[str], takes_value: set[str]) -> list[st
 class _ProfileCommand(TyperCommand):
     """`profile -m MODULE ARGS...` gives every argument after MODULE to the module, as `python -m` does."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: _ClickContext, args: list[str]) -> list[str]:
         takes_value = {name for p in self.params if isinstance(p, TyperOption) and not p.is_flag for name in p.opts}
         return super().parse_args(ctx, _end_options_after_module(args, takes_value))
 
 
 @app.command(cls=_ProfileCommand, help=PROFILE_HELP,
-             context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False})
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
 def profile(
     ctx: typer.Context,
-    script: Annotated[Optional[str], typer.Argument(help="The script to run, then its own arguments.", show_default=False)] = None,
-    module: Annotated[Optional[str], typer.Option("-m", "--module", help="Run a module, as `python -m`.")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Run directory (default ./gpudoctor-runs/<script>-<time>).")] = None,
+    script: Annotated[str | None, typer.Argument(
+        help="The script to run, then its own arguments.", show_default=False)] = None,
+    module: Annotated[str | None, typer.Option("-m", "--module", help="Run a module, as `python -m`.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Run directory (default ./gpudoctor-runs/<script>-<time>).")] = None,
     wait_steps: Annotated[int, typer.Option(help="Steps to skip before profiling.", min=0)] = WindowConfig.wait,
-    warmup_steps: Annotated[int, typer.Option(help="Profiler warm-up steps (recorded, not analysed).", min=0)] = WindowConfig.warmup,
+    warmup_steps: Annotated[int, typer.Option(
+        help="Profiler warm-up steps (recorded, not analysed).", min=0)] = WindowConfig.warmup,
     active_steps: Annotated[int, typer.Option(help="Steps recorded and analysed.", min=1)] = WindowConfig.active,
-    max_steps: Annotated[Optional[int], typer.Option(help="Stop the script cleanly after this many steps.", min=1)] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="Stop the script after this many seconds.", min=0.1)] = None,
-    with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
-    every: Annotated[Optional[str], typer.Option(
+    max_steps: Annotated[int | None, typer.Option(help="Stop the script cleanly after this many steps.", min=1)] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop the script after this many seconds.", min=0.1)] = None,
+    with_stack: Annotated[bool, typer.Option(
+        "--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
+    every: Annotated[str | None, typer.Option(
         help="Profile again every DURATION (e.g. 10m, 90s, 1h) while the script runs; the report compares the windows.",
         metavar="DURATION", show_default=False)] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
@@ -139,7 +163,8 @@ def profile(
         script = None
     request = ProfileRequest(
         script=script, module=module, args=args, out=out,
-        window=WindowConfig(wait_steps, warmup_steps, active_steps, _duration_s(every)), max_steps=max_steps, timeout_s=timeout, with_stack=with_stack,
+        window=WindowConfig(wait_steps, warmup_steps, active_steps, _duration_s(every)), max_steps=max_steps,
+        timeout_s=timeout, with_stack=with_stack,
     )
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option))  # a bad rule fails before the script runs
     outcome = run_profile(request)
@@ -197,7 +222,7 @@ def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
 @app.command(help=ANALYZE_HELP)
 def analyze(
     path: Annotated[Path, typer.Argument(help="A run directory, or a torch.profiler trace (.json or .json.gz).")],
-    out: Annotated[Optional[Path], typer.Option("--out", help="Where to write findings.json and report.html.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Where to write findings.json and report.html.")] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
     rule_option: RuleOptionOption = None, fail_on: FailOnOption = None, output_formats: FormatOption = None,
 ) -> None:
@@ -271,7 +296,8 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")] = False) -> None:
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Show the version.")] = False) -> None:
     pass
 
 
@@ -290,7 +316,7 @@ def main() -> None:
     except _ClickException as exc:  # usage errors
         exc.show()
         sys.exit(exc.exit_code)
-    except Exception as exc:  # bugs
+    except Exception as exc:  # noqa: BLE001 - a bug in gpudoctor: one line, the traceback and EXIT_INTERNAL
         _say(f"internal error: {type(exc).__name__}: {exc}. Please report it with the traceback below.")
         import traceback
 
