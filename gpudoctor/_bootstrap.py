@@ -29,6 +29,8 @@ from gpudoctor.collect.recorder import ExceptionDetails, MaxStepsReached, Record
 # How long SIGTERM waits for the window's trace to be written before the script dies anyway; an export with
 # stacks took 17.6 s in docs/performance.md, so this leaves room for one several times larger.
 SIGTERM_FINISH_GRACE_S = 60.0
+# After --max-steps, how long the script's helper processes get to end by themselves before they are terminated.
+HELPER_GRACE_S = 2.0
 
 _INTERNAL_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -93,6 +95,7 @@ def main(argv: list[str]) -> None:
         _run(target_kind, target, args)
     except MaxStepsReached:
         _finish(recorder, instrumentation, "max_steps")
+        _stop_helpers()
         sys.exit(0)
     except SystemExit as exc:
         _finish(recorder, instrumentation, "exit", code=_exit_code(exc.code))
@@ -111,6 +114,31 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     else:
         _finish(recorder, instrumentation, "completed")
+
+
+def _stop_helpers(grace_s: float = HELPER_GRACE_S) -> None:
+    """End the child processes the script left running when --max-steps stopped it.
+
+    The script's own cleanup (setting the event its helper waits for, joining it) never ran, and at exit
+    multiprocessing joins every non-daemon child: without this, the run would never end.
+    """
+    import multiprocessing
+
+    helpers = multiprocessing.active_children()
+    deadline = time.monotonic() + grace_s
+    for helper in helpers:
+        helper.join(max(0.0, deadline - time.monotonic()))
+    left = [helper for helper in helpers if helper.is_alive()]
+    for helper in left:
+        helper.terminate()
+    for helper in left:
+        helper.join(HELPER_GRACE_S)
+        if helper.is_alive():
+            helper.kill()
+    if left:
+        plural = "es" if len(left) > 1 else ""
+        print(f"gpudoctor: stopped {len(left)} helper process{plural} that the script left running when "
+              "--max-steps ended it.", file=sys.stderr)
 
 
 def _finish_on_sigterm(recorder: Recorder, instrumentation: Instrumentation) -> None:

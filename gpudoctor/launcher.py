@@ -313,8 +313,20 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
     ending, status, message = describe_ending(request, returncode, child_report.end, supervisor)
     exit_info = _exit_info(child_report.end, ending, status, returncode)
     final = _final_manifest(run_dir, manifest, samplers, child_report, exit_info, started)
-    write_json_atomic(run_dir / MANIFEST, final)
-    return ProfileOutcome(run_dir, status, ending, message)
+    return ProfileOutcome(run_dir, status, ending, _with(message, _finish_manifest(run_dir, final)))
+
+
+def _finish_manifest(run_dir: Path, manifest: Manifest) -> str | None:
+    """Write the final manifest; if the run directory refuses it (disk full), say so instead of failing the run."""
+    try:
+        write_json_atomic(run_dir / MANIFEST, manifest)
+    except OSError as exc:
+        return f"the run's manifest could not be finished in {run_dir} ({exc.strerror or exc})."
+    return None
+
+
+def _with(message: str | None, more: str | None) -> str | None:
+    return " ".join(m for m in (message, more) if m) or None
 
 
 def _exit_info(end: EndEvent | None, ending: str, status: int, returncode: int) -> ExitInfo:

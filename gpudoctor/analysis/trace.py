@@ -12,7 +12,6 @@ small one keeps every CUDA runtime call, operator and Python frame as well (`Tra
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.bundle import EventFilter, TraceNotStreamable, TraceStream, read_trace
+from gpudoctor.bundle.trace_stream import json_size
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
@@ -91,7 +91,7 @@ def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
     has a `close()`, that is called at the end. `detail` defaults to the trace being at most DETAIL_MAX_BYTES."""
     path = Path(path)
     if detail is None:
-        detail = json_size(path) <= DETAIL_MAX_BYTES
+        detail = max(path.stat().st_size, json_size(path)) <= DETAIL_MAX_BYTES
     try:
         try:
             stream = TraceStream(path, progress)
@@ -106,16 +106,6 @@ def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
         close = getattr(progress, "close", None)
         if close is not None:
             close()
-
-
-def json_size(path: Path) -> int:
-    """The size of the trace as JSON: the file's, or for .gz what its gzip trailer says (mod 4 GiB)."""
-    size = path.stat().st_size
-    if path.suffix != ".gz" or size < 18:
-        return size
-    with open(path, "rb") as f:
-        f.seek(-4, os.SEEK_END)
-        return max(size, int.from_bytes(f.read(4), "little"))
 
 
 def _parse(path: Path, batches: Iterable[list[Any]], meta: dict[str, Any], detail: bool) -> TraceData:

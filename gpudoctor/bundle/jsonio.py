@@ -97,10 +97,17 @@ def write_json_atomic(path: Path, record: object) -> None:
 
 
 class JsonlWriter:
-    """Appends one JSON record per line and flushes each, so a crash loses at most the line being written."""
+    """Appends one JSON record per line and flushes each, so a crash loses at most the line being written.
 
-    def __init__(self, path: Path) -> None:
+    A write the file system refuses (disk full, file too large, the directory gone) never raises: the writer
+    stops, keeps the error in `failed`, and tells `on_failure` once; what was written before stays whole.
+    """
+
+    def __init__(self, path: Path, on_failure: Callable[[Path, OSError], None] | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.failed: OSError | None = None
+        self._on_failure = on_failure
         self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
         # Reentrant: a signal handler that writes (SIGTERM in the script's process) can interrupt a write
         # on the same thread, and must not wait for a lock that thread holds.
@@ -110,10 +117,21 @@ class JsonlWriter:
         line = encode(record) + b"\n"
         # ValueError: closed, possibly by a signal handler that interrupted this very write
         with self._lock, contextlib.suppress(ValueError):
-            self._file.write(line)
+            if self.failed is None:
+                try:
+                    self._file.write(line)
+                except OSError as exc:
+                    self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = exc
+        with contextlib.suppress(OSError):
+            self._file.close()
+        if self._on_failure is not None:
+            self._on_failure(self.path, exc)
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):
             self._file.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import queue
 import re
 import threading
@@ -26,6 +27,16 @@ from gpudoctor.errors import BundleError
 MAX_INFLATION = 200
 MIN_INFLATED_CAP = 64 << 20  # a small file may inflate further: never refuse one under this
 MAX_TRACE_BYTES = 64 << 30
+
+
+def json_size(path: Path) -> int:
+    """The size of a trace as JSON: the file's, or for .gz what its gzip trailer says (mod 4 GiB)."""
+    size = path.stat().st_size
+    if path.suffix != ".gz" or size < 18:
+        return size
+    with open(path, "rb") as f:
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
 
 
 def inflated_cap(path: Path) -> int:

@@ -7,6 +7,7 @@ Steps come from the strongest source seen: explicit `gpudoctor.step()` calls, el
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -113,7 +114,7 @@ class Recorder:
     def __init__(self, config: ChildConfig) -> None:
         run_dir = Path(config.run_dir)
         self.config = config
-        self.events = JsonlWriter(run_dir / EVENTS)
+        self.events = JsonlWriter(run_dir / EVENTS, on_failure=self._recording_failed)
         self.markers = Markers()
         self.window = ProfilerWindow(config.window, run_dir, self.emit, config.with_stack)
         self.source: str | None = None
@@ -132,6 +133,13 @@ class Recorder:
     def emit(self, event: AnyEvent) -> None:
         if not self._disabled:
             self.events.write(event if event.t is not None else msgspec.structs.replace(event, t=time.time()))
+
+    def _recording_failed(self, path: Path, error: OSError) -> None:
+        """The run directory refused a write (disk full, say): stop recording, say so once, let the script go on."""
+        self._disabled = True
+        print(f"gpudoctor: recording stopped, {path} cannot be written ({error.strerror or error}); "
+              "the script goes on.", file=sys.stderr, flush=True)
+        self.close_window()
 
     def disable_in_forked_child(self) -> None:
         """A forked child inherits the recorder; it must not write into the parent's bundle."""
@@ -250,8 +258,6 @@ class Recorder:
 
 
 def _cuda_memory() -> CudaMemory | None:
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None

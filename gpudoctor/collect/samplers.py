@@ -87,6 +87,11 @@ class SampleFile:
     def write(self, row: HostRow | ProcsRow | GpuRow) -> None:
         self._writer.write(row)
 
+    @property
+    def failed(self) -> OSError | None:
+        """Why the file stopped taking samples (disk full, say), if it did: sampling into it stops there."""
+        return self._writer.failed
+
     def due_for_compaction(self, now: float) -> bool:
         return now >= self._next_compaction
 
@@ -139,6 +144,7 @@ class HostSampler(_Ticker):
         super().__init__("gpudoctor-host-sampler", interval_s)
         self._host = SampleFile(run_dir, "host")
         self._procs = SampleFile(run_dir, "procs")
+        self.files = (self._host, self._procs)
         self._windows = WindowSpans(run_dir / EVENTS)
         self._files = ProcFiles(held_files_budget()) if PROCFS else None
         self._host_reader = host_reader(self._files)
@@ -171,6 +177,7 @@ class GpuSampler(_Ticker):
         super().__init__("gpudoctor-gpu-sampler", interval_s)
         self._nvml = nvml
         self._out = SampleFile(run_dir, "gpu")
+        self.files = (self._out,)
         self._windows = WindowSpans(run_dir / EVENTS)
 
     def tick(self) -> None:
@@ -213,4 +220,14 @@ class Samplers:
             if sampler is not None and sampler.is_alive():
                 sampler.stop()
                 self.collectors[name] = msgspec.structs.replace(
-                    self.collectors[name], samples=sampler.samples, sampler_cpu_s=round(sampler.cpu_s, 4))
+                    self.collectors[name], samples=sampler.samples, sampler_cpu_s=round(sampler.cpu_s, 4),
+                    **_stopped_early(sampler.files))
+
+
+def _stopped_early(files: tuple[SampleFile, ...]) -> dict[str, object]:
+    """The collector's status when one of its files stopped taking samples: not ok, and why."""
+    failed = next((f for f in files if f.failed is not None), None)
+    if failed is None or failed.failed is None:
+        return {}
+    reason = failed.failed.strerror or str(failed.failed)
+    return {"ok": False, "reason": f"sampling stopped early: {failed.path} could not be written ({reason})"}

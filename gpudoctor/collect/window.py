@@ -11,8 +11,11 @@ from typing import Any
 
 from gpudoctor.bundle import PARTIAL_TRACE, trace_name
 from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
+from gpudoctor.bundle.trace_stream import json_size
 from gpudoctor.collect.config import WindowConfig
 
+# The smallest trace torch.profiler writes (its header and deviceProperties alone) is hundreds of bytes.
+MIN_TRACE_BYTES = 64
 WAITING, WARMUP, ACTIVE, CLOSED, FAILED = "waiting", "warmup", "active", "closed", "failed"
 
 
@@ -122,6 +125,9 @@ class ProfilerWindow:
         partial = self._run_dir / PARTIAL_TRACE  # torch gzips when the name ends in .gz
         try:
             profiler.export_chrome_trace(str(partial))
+            if json_size(partial) < MIN_TRACE_BYTES:  # torch logs a failed write (a full disk) and goes on
+                partial.unlink()
+                raise OSError("the profiler wrote an empty trace: the run directory may be full")
             os.replace(partial, final)
         except Exception as exc:  # noqa: BLE001 - the window's trace is lost, the script runs on
             self._fail(f"the profiler trace could not be written: {exc.__class__.__name__}: {exc}")
