@@ -55,6 +55,9 @@ IgnoreOption = Annotated[
     list[str] | None, typer.Option("--ignore", help="Skip rules whose code starts with this (repeatable).")]
 RuleOptionOption = Annotated[
     list[str] | None, typer.Option("--rule-option", help="Set a rule option: CODE.option=value (repeatable).")]
+RuleTimeoutOption = Annotated[float | None, typer.Option(
+    "--rule-timeout", min=0.1, metavar="SECONDS",
+    help="How long one rule may run before it is left behind as an error (default 30; [tool.gpudoctor] rule_timeout).")]
 FailOnOption = Annotated[str | None, typer.Option(
     "--fail-on", help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
 FormatOption = Annotated[list[str] | None, typer.Option(
@@ -150,7 +153,8 @@ def profile(
         help="Profile again every DURATION (e.g. 10m, 90s, 1h) while the script runs; the report compares the windows.",
         metavar="DURATION", show_default=False)] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
-    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None, output_formats: FormatOption = None,
+    rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
+    output_formats: FormatOption = None,
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     _check_fail_on(fail_on)
@@ -166,7 +170,8 @@ def profile(
         window=WindowConfig(wait_steps, warmup_steps, active_steps, _duration_s(every)), max_steps=max_steps,
         timeout_s=timeout, with_stack=with_stack,
     )
-    prepared = prepare_rules(_selection(rules, select, ignore, rule_option))  # a bad rule fails before the script runs
+    # The rules are loaded and checked before the script runs, so that a bad rule file costs no run.
+    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
     outcome = run_profile(request)
     if outcome.message:
         _say(outcome.message)
@@ -196,8 +201,9 @@ def _duration_s(text: str | None) -> float | None:
 
 
 def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[str] | None,
-               rule_option: list[str] | None) -> RuleSelection:
-    return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()))
+               rule_option: list[str] | None, rule_timeout: float | None) -> RuleSelection:
+    return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()),
+                         rule_timeout)
 
 
 def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
@@ -224,7 +230,8 @@ def analyze(
     path: Annotated[Path, typer.Argument(help="A run directory, or a torch.profiler trace (.json or .json.gz).")],
     out: Annotated[Path | None, typer.Option("--out", help="Where to write findings.json and report.html.")] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
-    rule_option: RuleOptionOption = None, fail_on: FailOnOption = None, output_formats: FormatOption = None,
+    rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
+    output_formats: FormatOption = None,
 ) -> None:
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
     _check_fail_on(fail_on)
@@ -232,7 +239,7 @@ def analyze(
     if not path.exists():
         raise InputNotFoundError(f"{path} does not exist.")
     out_dir = out or (path if path.is_dir() else path.parent)
-    prepared = prepare_rules(_selection(rules, select, ignore, rule_option))
+    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
     run = open_run(path)
     run.trace_progress = TraceProgress.on_terminal(sys.stderr)  # None unless stderr is a terminal
     report = diagnose(run, prepared)

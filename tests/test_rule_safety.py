@@ -94,3 +94,13 @@ def test_a_rule_timeout_that_is_not_a_number_is_refused_before_anything_runs(gd:
     result = gd.run("analyze", str(STARVED), "--out", "out")
     assert result.returncode == 2
     assert "rule_timeout must be a number of seconds above 0" in result.first_message
+
+
+def test_the_command_line_sets_the_rule_time_limit(gd: Gpudoctor) -> None:
+    rule_file(gd.cwd, "import time\ntime.sleep(30)\nyield")
+    started = time.monotonic()
+    result = gd.run("analyze", str(STARVED), "--out", "out", "--rules", "acme101.py", "--rule-timeout", "0.5")
+    assert result.returncode == 0, result
+    assert time.monotonic() - started < 25
+    (error,) = checked_findings(gd.cwd / "out" / "findings.json")["errors"]
+    assert error["error"].startswith("RuleTimedOut: rule ACME101 was still running after 0.5 s")
