@@ -46,9 +46,11 @@ def encode_pretty(record: object) -> bytes:
     return msgspec.json.format(_encoder.encode(record), indent=2)
 
 
-def decode_error(path: Path, exc: msgspec.DecodeError, line: int | None = None) -> BundleError:
+def decode_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError, line: int | None = None) -> BundleError:
     """The one-sentence message for a record that cannot be read."""
     where = f"line {line}: " if line is not None else ""
+    if isinstance(exc, UnicodeDecodeError):
+        return BundleError(f"{path} is corrupt: {where}byte {exc.start} is not UTF-8 text.")
     reason = str(exc).replace(" - at `$", " at `$")
     return BundleError(f"{path} is corrupt: {where}{reason[:1].lower()}{reason[1:]}.")
 
@@ -75,7 +77,7 @@ def read_jsonl(path: Path, decoder: msgspec.json.Decoder[Any] = ANY_JSON) -> Ite
                 yield decoder.decode(line)
             except msgspec.ValidationError as exc:
                 raise decode_error(path, exc, number) from None
-            except msgspec.DecodeError as exc:
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 if not line.endswith(b"\n"):  # only the last line can lack its newline: the writer was killed
                     return
                 raise decode_error(path, exc, number) from None
@@ -85,7 +87,7 @@ def read_json(path: Path, decoder: msgspec.json.Decoder[T]) -> T:
     """One JSON document, decoded and validated."""
     try:
         return decoder.decode(path.read_bytes())
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise decode_error(path, exc) from None
 
 
@@ -157,6 +159,6 @@ class JsonlTail(Generic[T]):
         for line in complete.splitlines():
             try:
                 records.append(self._decoder.decode(line))
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError):
                 continue
         return records

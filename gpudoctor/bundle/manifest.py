@@ -135,7 +135,7 @@ def read_manifest(run_dir: Path) -> Manifest:
     _check_version(path, raw)
     try:
         return _MANIFEST_DECODER.decode(raw)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise decode_error(path, exc) from None
 
 
@@ -150,6 +150,8 @@ def _check_version(path: Path, raw: bytes) -> None:
         raise BundleError(f"{path} is not a gpudoctor manifest: it has no schema_version.") from None
     except msgspec.DecodeError as exc:
         raise BundleError(f"{path} is corrupt: it is not valid JSON ({exc}).") from None
+    except UnicodeDecodeError as exc:
+        raise decode_error(path, exc) from None
     if version != SCHEMA_VERSION:
         raise BundleError(
             f"{path.parent} was written with bundle schema version {version}; this gpudoctor reads version "
