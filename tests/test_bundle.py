@@ -108,7 +108,8 @@ def test_manifest_describes_the_run(training_run: Result) -> None:
 
 
 @pytest.mark.parametrize(("mode", "source"),
-                         [("train", "optimizer"), ("infer", "dataloader"), ("explicit", "explicit")])
+                         [("train", "optimizer"), ("infer", "dataloader"), ("explicit", "marker"),
+                          ("sgd", "backward"), ("forward", "forward")])
 def test_step_detection(gd: Gpudoctor, mode: str, source: str) -> None:
     report = gd.cwd / "script_report.json"
     result = gd.profile(script("train_loop.py"), "--steps", "6", "--sleep-ms", "1", "--mode", mode,
@@ -120,6 +121,26 @@ def test_step_detection(gd: Gpudoctor, mode: str, source: str) -> None:
     assert {e.source for e in steps} == {source}
     assert [e.source for e in result.events(StepSourceEvent)][-1] == source
     assert (result.run_dir / "trace.json.gz").is_file()
+    assert result.findings()["run"]["step_source"] == source
+
+
+def test_the_profilers_distortion_is_measured_against_the_steps_outside_the_window(training_run: Result) -> None:
+    run = training_run.findings()["run"]  # 8 steps: 1 waiting, 1 warm-up, 2 profiled, 4 after the window
+    steps = Run.from_bundle(training_run.run_dir).all_steps
+    profiled = sorted(s.wall_s for s in steps if s.window == "active")
+    outside = sorted(s.wall_s for s in steps if s.window == "closed")
+    assert len(outside) == 4 and run["window_distortion_reason"] is None
+    expected = (sum(profiled) / 2) / ((outside[1] + outside[2]) / 2)
+    assert run["window_distortion"] == pytest.approx(expected, abs=1e-3)
+
+
+def test_a_window_with_too_few_steps_after_it_says_why_its_distortion_is_unknown(gd: Gpudoctor) -> None:
+    result = gd.profile(script("train_loop.py"), "--steps", "5", "--sleep-ms", "1")  # 1 + 1 + 2 + 1 after it
+    assert result.returncode == 0, result
+    run = result.findings()["run"]
+    assert run["window_distortion"] is None
+    assert run["window_distortion_reason"] == (
+        "only 1 steps ran after the profiling window (at least 3 are needed to compare)")
 
 
 def test_reusing_an_output_directory_replaces_the_previous_run(gd: Gpudoctor) -> None:

@@ -6,6 +6,7 @@ Steps come from the strongest source seen: explicit `gpudoctor.step()` calls, el
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -36,7 +37,10 @@ from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.markers import Markers
 from gpudoctor.collect.window import ProfilerWindow
 
-SOURCE_RANK = {"dataloader": 1, "optimizer": 2, "explicit": 3}
+# The step sources, weakest first: a program's steps come from the strongest one it has. The outermost model's
+# forward calls (an inference loop), DataLoader batches, backward() calls (a hand-written update), the first
+# optimizer's step(), and gpudoctor.step() markers.
+SOURCE_RANK = {"forward": 1, "dataloader": 2, "backward": 3, "optimizer": 4, "marker": 5}
 
 
 ExceptionDetails = tuple[str, str, "Site | None"]  # what the script raised: its type, message and where
@@ -66,6 +70,8 @@ class StepRecord:
     window_index: int = 0  # which profiling window, when `window` is warmup or active
     data_wait_s: float = 0.0
     batches: int = 0
+    forwards: int = 0  # calls of the outermost model
+    backwards: int = 0  # backward() calls
     phases: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
     copies: dict[CopyKey, list[float]] = field(default_factory=dict)
     syncs: dict[SyncKey, list[float]] = field(default_factory=dict)
@@ -177,8 +183,25 @@ class Recorder:
             self.end_step()
 
     def on_explicit_step(self) -> None:
-        if self._claims("explicit"):
+        if self._claims("marker"):
             self.end_step()
+
+    def on_backward(self) -> None:
+        """backward() is called; with no optimizer (a hand-written update), a second one in a step starts the next.
+
+        Counted at the call, not at its end, so that in a loop with an optimizer the backward source, claimed
+        first, ends no step before the optimizer's step() claims the boundary (one step per iteration)."""
+        if self._claims("backward") and self.current.backwards > 0:
+            self.end_step()
+        with self._lock:
+            self.current.backwards += 1
+
+    def on_forward(self) -> None:
+        """The outermost model is called; in forward mode (an inference loop) that starts a new step."""
+        if self._claims("forward") and self.current.forwards > 0:
+            self.end_step()
+        with self._lock:
+            self.current.forwards += 1
 
     # -- measurements inside a step --------------------------------------------------------------
     def add_phase(self, phase: str, seconds: float) -> None:
@@ -246,15 +269,27 @@ class Recorder:
         for listener in self._window_listeners:
             listener(recording)
 
+    def _end_last_counted_step(self) -> None:
+        """Steps counted by backward() or forward calls end when the next one starts: the last ends with the script."""
+        if not self._stopping and _counted(self.current, self.source):
+            with contextlib.suppress(MaxStepsReached):  # the script is ending anyway
+                self.end_step()
+
     def finish(self, reason: str, code: int | None = None, exception: ExceptionDetails | None = None) -> None:
         """The script is ending: close the window (writing its trace) and say how the run ended."""
         if self._disabled:
             return
+        self._end_last_counted_step()
         self.close_window()
         what, message, where = exception if exception is not None else (None, None, None)
         self.emit(EndEvent(reason=reason, steps=self.completed, pid=os.getpid(), code=code, exception=what,
                            message=message, where=where))
         self.events.close()
+
+
+def _counted(step: StepRecord, source: str | None) -> bool:
+    """Whether the step a backward() or forward source was counting has begun (the next call would end it)."""
+    return (source == "backward" and step.backwards > 0) or (source == "forward" and step.forwards > 0)
 
 
 def _cuda_memory() -> CudaMemory | None:

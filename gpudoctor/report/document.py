@@ -65,6 +65,9 @@ class RunFacts(TypedDict):
     steps_total: int
     steps_analysed: int
     median_step_s: float | None
+    step_source: str | None  # marker, optimizer, backward, dataloader, forward, profiler_step
+    window_distortion: float | None  # median profiled step over the median step outside the windows
+    window_distortion_reason: str | None
     ending: str | None
     exit_status: int | None
     exception: ExceptionFacts | None

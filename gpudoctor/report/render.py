@@ -91,6 +91,10 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
     facts = [f"{run['steps_analysed']} steps analysed"]
     if run.get("median_step_s") is not None:
         facts.append(f"median step {seconds(run['median_step_s'])}")
+    if run.get("step_source"):
+        facts.append(f"steps marked by {run['step_source']}")
+    if run.get("window_distortion") is not None:
+        facts.append(f"profiled steps {run['window_distortion']:.2f}x the others")
     if run.get("gpus"):
         facts.append(", ".join(str(gpu) for gpu in run["gpus"]))  # as the page joins them: an unnamed GPU is None
     lines.append("  " + "; ".join(facts))

@@ -1,8 +1,10 @@
 """A small training loop whose Dataset sleeps a known time per sample, so every batch's data wait is known.
 
-Options: --steps N (optimizer steps), --batch-size B, --sleep-ms S (per sample), --mode train|infer|explicit,
---report PATH (writes {"steps": N, "batches": M} when done). `infer` iterates the DataLoader with no
-optimizer; `explicit` uses neither and marks steps with gpudoctor.step().
+Options: --steps N (optimizer steps), --batch-size B, --sleep-ms S (per sample),
+--mode train|infer|explicit|sgd|forward, --report PATH (writes {"steps": N, "batches": M} when done). `infer`
+iterates the DataLoader with no optimizer; `explicit` uses neither and marks steps with gpudoctor.step(); `sgd`
+updates the weights by hand after backward(), with no optimizer and no DataLoader; `forward` calls the model in a
+loop, with neither.
 """
 
 import argparse
@@ -58,12 +60,33 @@ def explicit(steps: int, model: nn.Module) -> int:
     return steps
 
 
+def sgd(steps: int, model: nn.Module) -> int:
+    for _ in range(steps):
+        inputs, labels = torch.randn(4, 8), torch.randint(0, 2, (4,))
+        loss = nn.functional.cross_entropy(model(inputs), labels)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-0.01)
+                p.grad = None
+        time.sleep(0.002)
+    return steps
+
+
+def forward(steps: int, model: nn.Module) -> int:
+    with torch.no_grad():
+        for _ in range(steps):
+            model(torch.randn(4, 8))
+            time.sleep(0.002)
+    return steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--sleep-ms", type=float, default=5.0)
-    parser.add_argument("--mode", choices=["train", "infer", "explicit"], default="train")
+    parser.add_argument("--mode", choices=["train", "infer", "explicit", "sgd", "forward"], default="train")
     parser.add_argument("--report")
     args = parser.parse_args()
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
@@ -73,8 +96,10 @@ def main() -> None:
         done = train(loader, model)
     elif args.mode == "infer":
         done = infer(loader, model)
-    else:
+    elif args.mode == "explicit":
         done = explicit(args.steps, model)
+    else:
+        done = {"sgd": sgd, "forward": forward}[args.mode](args.steps, model)
     print(f"train_loop: {args.mode} did {done} steps")
     if args.report:
         with open(args.report, "w") as f:

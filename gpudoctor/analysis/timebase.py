@@ -1,0 +1,55 @@
+"""The run's time base: where its steps came from, and how much the profiling window slowed the steps it measured.
+
+Every figure gpudoctor gives is a share of a step, so a reader needs to know what a step was (`step_source`) and
+whether the profiled steps, which the trace-based figures come from, ran like the others (`window_distortion`:
+the median profiled step over the median step outside the windows; 1.0 means the profiler cost nothing).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from gpudoctor.analysis.run import Run
+from gpudoctor.bundle.events import StepSourceEvent
+
+# What each recorded source is called in findings.json (older bundles wrote "explicit" for gpudoctor.step()).
+SOURCE_NAMES = {"explicit": "marker"}
+MIN_UNPROFILED_STEPS = 3  # fewer steps outside the window than this give no median to compare with
+
+
+def step_source(run: Run) -> str | None:
+    """marker, optimizer, backward, dataloader or forward (from the recorder), profiler_step for a bare trace's
+    ProfilerStep ranges; None when no step was found."""
+    if run.trace_only:
+        return "profiler_step" if run.all_steps else None
+    declared = run.events(StepSourceEvent)
+    if not declared or not run.all_steps:
+        return None
+    return SOURCE_NAMES.get(declared[-1].source, declared[-1].source)
+
+
+@dataclass(frozen=True)
+class WindowDistortion:
+    """The median profiled step over the median un-profiled one, or None with the reason it cannot be said."""
+
+    ratio: float | None
+    profiled_s: float | None = None  # median step inside the window
+    unprofiled_s: float | None = None  # median step outside the windows, after start-up
+    reason: str | None = None
+
+
+def window_distortion(run: Run) -> WindowDistortion:
+    if run.trace_only:
+        return WindowDistortion(None, reason="a bare trace has no steps outside the profiling window to compare with")
+    profiled = [s.wall_s for s in run.steps if s.window == "active"]
+    unprofiled = [s.wall_s for s in run.all_steps if s.window == "closed"]  # this window's, till the next one
+    if not profiled:
+        return WindowDistortion(None, reason="no step was profiled")
+    if len(unprofiled) < MIN_UNPROFILED_STEPS:
+        return WindowDistortion(None, reason=f"only {len(unprofiled)} steps ran after the profiling window "
+                                             f"(at least {MIN_UNPROFILED_STEPS} are needed to compare)")
+    inside, outside = statistics.median(profiled), statistics.median(unprofiled)
+    if outside <= 0:
+        return WindowDistortion(None, reason="the steps outside the profiling window took no time")
+    return WindowDistortion(round(inside / outside, 3), inside, outside)
