@@ -186,3 +186,48 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
                   "cores": cores},
         fix="stop or move the other programs, or give the job its own cores (taskset, cgroups)",
     )
+
+
+@rule("GD505", "intra-op-threads-exceed-free-cores", category="cpu_oversubscription")
+def intra_op_threads_exceed_free_cores(run: Run, min_main_cores: float = 0.1,
+                                       min_threads_per_free_core: float = 2.0) -> Iterator[Finding]:
+    """torch runs more intra-op threads than the host has cores free for them.
+
+    What it detects: the training process's intra-op thread pool (`torch.get_num_threads()`, by default one
+    thread per core) has at least `min_threads_per_free_core` threads for each core left once other programs
+    and the script's own child processes (DataLoader workers) have taken theirs, while the training process
+    itself uses at least `min_main_cores` cores. A pool a few threads larger than the free cores is left alone:
+    the recorded cpu_oversubscription_bad (16 threads, 11 cores free) is GD503's, and its fix measured no gain.
+
+    Why it matters: an intra-op pool waits for all its threads at the end of every parallel operator. On a
+    shared host, a thread that has no core stalls the whole operator until the OS schedules it: a tiny model's
+    step measured 242 ms with two threads on two cores that other programs kept busy, and 13 ms with one.
+
+    Fix: `torch.set_num_threads(N)` at the start of the script (or `OMP_NUM_THREADS=N` in its environment), with
+    N the cores free for it; the finding says which N.
+    """
+    processes = run.require_processes()
+    samples = run.require_host_samples().host
+    threads, cores = run.env.intra_op_threads, run.env.cores
+    main = next((p for p in processes if p.role == "main"), None)
+    others = [p.values["other_cores"] for p in samples if p.values.get("other_cores") is not None]
+    if threads is None or cores is None or main is None or not others:
+        return
+    other_cores = statistics.fmean(others)
+    workers = sum(p.cpu_mean for p in processes if p.role == "child")
+    free = max(0.0, cores - other_cores - workers)
+    if threads <= 1 or threads < min_threads_per_free_core * max(1.0, free) or main.cpu_mean < min_main_cores:
+        return
+    suggested = max(1, int(free))
+    yield Finding(
+        f"torch runs {threads} intra-op threads with {free:.1f} of {cores} cores free for them",
+        impact=None, impact_reason="a thread pool on too few cores slows down far more than the cores missing: "
+                                   "measure the step again with the fix",
+        evidence={"intra-op threads": threads, "cores available": cores,
+                  "cores taken by other programs": (round(other_cores, 2), "cores"),
+                  "cores taken by the script's child processes": (round(workers, 2), "cores"),
+                  "cores free": (round(free, 2), "cores"),
+                  "training process CPU": (round(main.cpu_mean, 2), "cores")},
+        fix=f"torch.set_num_threads({suggested}) at the start of the script, or OMP_NUM_THREADS={suggested} "
+            "in its environment",
+    )

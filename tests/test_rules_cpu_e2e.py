@@ -220,3 +220,31 @@ def test_gd504_silent_without_neighbours(gd: Gpudoctor) -> None:
     # No neighbour is started; on a quiet host (CI) GD504 stays silent. When something else on the
     # machine did take the CPU while the twin ran, GD504 is right to fire: it must agree with what was measured.
     assert fired == (other >= 0.5 and busy >= 0.85), (other, busy, fired)
+
+
+# -- GD505 intra-op-threads-exceed-free-cores ------------------------------------------------------------
+
+
+@pytest.fixture
+def two_cores(two_neighbours: list[int]):
+    """The test, so the profiled script, and the two neighbours all on the same two cores, whatever the host has."""
+    before = os.sched_getaffinity(0)
+    cores = set(sorted(before)[:2])
+    for pid in [0, *two_neighbours]:
+        os.sched_setaffinity(pid, cores)
+    yield two_neighbours
+    os.sched_setaffinity(0, before)
+
+
+def test_gd505_fires_when_intra_op_threads_outnumber_the_free_cores(gd: Gpudoctor, two_cores: list[int]) -> None:
+    result = profile(gd, "intra_op_threads.py", "--threads", "2")
+    finding = assert_fires(result, "GD505", "cpu_oversubscription", None, None)
+    facts = evidence(finding)
+    print(facts)  # shown when the test fails: how far from the thresholds the run was
+    assert facts["intra-op threads"] == 2 and facts["cores free"] < 1.5, facts
+    assert "torch.set_num_threads(1)" in finding["fix"] and "OMP_NUM_THREADS=1" in finding["fix"]
+
+
+def test_gd505_silent_with_one_intra_op_thread(gd: Gpudoctor, two_cores: list[int]) -> None:
+    result = profile(gd, "intra_op_threads.py", "--threads", "1")
+    assert_silent(result, "GD505")
