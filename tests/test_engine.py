@@ -124,8 +124,8 @@ def test_run_rules_takes_rules_or_their_functions():
 def test_a_finding_record_is_findings_json_and_back():
     [record] = run_rules(empty_run(), [always_fires]).findings
     as_json = record.to_json()
-    assert list(as_json) == ["code", "name", "category", "severity", "title", "impact", "impact_reason", "evidence",
-                             "location", "fix", "count", "doc"]  # findings.json's keys, in its order
+    assert list(as_json) == ["code", "name", "category", "severity", "title", "impact", "impact_reason", "saving_s",
+                             "evidence", "location", "fix", "count", "doc"]  # findings.json's keys, in its order
     assert FindingRecord.from_json(as_json) == record
     assert FindingRecord.from_json(json.loads(json.dumps(as_json))) == record
 

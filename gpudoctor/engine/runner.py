@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
+from gpudoctor.analysis.summary import median_step_s
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import SEVERITIES, Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
@@ -91,4 +92,12 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
             errors.append(_error(r, outcome.error, outcome.stack))
         else:
             findings.extend(outcome.records)
-    return EngineResult(rank(_merge(findings)), not_evaluated, errors)
+    return EngineResult(rank(_merge(_with_savings(findings, median_step_s(run.steps)))), not_evaluated, errors)
+
+
+def _with_savings(records: list[FindingRecord], median_s: float | None) -> list[FindingRecord]:
+    """Each impact (a share of the step) also as seconds per step, of the same median step the report shows."""
+    if not median_s:
+        return records
+    return [r if r.impact is None else msgspec.structs.replace(r, saving_s=round(r.impact * median_s, 6))
+            for r in records]

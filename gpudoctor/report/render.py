@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shlex
 
 import jinja2
 from markupsafe import Markup, escape
@@ -13,7 +14,7 @@ from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.paths import templates_dir
 from gpudoctor.report import svg
 from gpudoctor.report.document import FindingsDocument, Report
-from gpudoctor.report.units import elapsed, percent, seconds
+from gpudoctor.report.units import elapsed, percent, seconds, step_after
 
 
 def findings_document(report: Report) -> FindingsDocument:
@@ -53,8 +54,10 @@ def _environment() -> jinja2.Environment:
     env.filters["seconds"] = seconds
     env.filters["percent"] = percent
     env.filters["elapsed"] = elapsed
+    env.globals["step_after"] = step_after
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
+    env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
     env.globals.update(step_bars=svg.step_bars, timeline=svg.timeline, kernel_histogram=svg.kernel_histogram)
     return env
 
@@ -103,7 +106,10 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         charted = next((w["index"] for w in windows if w["charted"]), None)
         lines.append(f"  {len(windows)} profiling windows; the figures below are from window #{charted}")
     for finding in report["findings"][:limit]:
-        impact = f" (~{finding['impact']:.0%} of step time)" if finding.get("impact") else ""
+        after = step_after(run.get("median_step_s"), finding.get("saving_s"))
+        impact = ""
+        if finding.get("impact"):
+            impact = f" (~{finding['impact']:.0%} of step time{': ' + after if after else ''})"
         lines.append(f"  [{finding['severity']}] {finding['code']} {finding['title']}{impact}{_location(finding)}")
         if len(windows) > 1 and finding.get("windows"):
             lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
@@ -118,4 +124,7 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         lines.append(f"  rule {error['code']} failed: {error['error']}")
     if report_path:
         lines.append(f"  report: {report_path}")
+    if report["links"]["run"] and not run["trace_only"]:
+        run_dir = shlex.quote(report["links"]["run"])
+        lines.append(f"  compare with an earlier run: gpudoctor diff EARLIER_RUN_DIR {run_dir}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,71 @@
+"""Each finding's saving as time per step, from the same median step the report shows: saving_s in findings.json,
+and "before → ~after ms/step (≈N×)" in the terminal summary and the report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpudoctor import Finding, Run, rule
+from gpudoctor.engine import run_rules
+from gpudoctor.report import build_report
+from gpudoctor.report.model import link_outputs
+from gpudoctor.report.render import to_html, to_text
+from gpudoctor.report.units import step_after
+from gpudoctor.testing import BundleBuilder
+
+
+@rule("TEST101", "half-the-step", category="data_starvation")
+def half_the_step(run: Run) -> object:
+    """Half of every step.
+
+    What it detects: a test.
+
+    Why it matters: tests.
+
+    Fix: none.
+    """
+    yield Finding("half of the step goes", impact=0.5, fix="none")
+
+
+def test_saving_is_the_impact_of_the_median_analysed_step(tmp_path: Path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=lambda i: [0.08, 0.1, 0.1, 0.3, 0.12][i])
+    run = b.build()
+    [finding] = run_rules(run, [half_the_step]).findings
+    assert finding.saving_s == 0.05  # half of the median, 100 ms: the 300 ms step does not pull it up
+    report = build_report(run, run_rules(run, [half_the_step]))
+    assert report["findings"][0]["saving_s"] == 0.05
+    assert report["run"]["median_step_s"] == pytest.approx(0.1)
+    assert "~50% of step time: 100.0 → ~50.0 ms/step (≈2.0×)" in to_text(report)
+    assert "100.0 → ~50.0 ms/step (≈2.0×)" in to_html(link_outputs(report, tmp_path))
+
+
+@rule("TEST102", "cost-unknown", category="data_starvation")
+def cost_unknown(run: Run) -> object:
+    """Cost unknown.
+
+    What it detects: a test.
+
+    Why it matters: tests.
+
+    Fix: none.
+    """
+    yield Finding("something", impact=None, impact_reason="not measured here")
+
+
+def test_a_finding_without_an_impact_has_no_saving(tmp_path: Path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(3)
+    run = b.build()
+    [finding] = run_rules(run, [cost_unknown]).findings
+    assert finding.impact is None and finding.saving_s is None
+    assert "of step time" not in to_text(build_report(run, run_rules(run, [cost_unknown])))
+
+
+def test_the_phrase_reads_in_the_units_of_the_step() -> None:
+    assert step_after(0.0357, 0.0186) == "35.7 → ~17.1 ms/step (≈2.1×)"
+    assert step_after(2.5, 1.0) == "2.50 s → ~1.50 s/step (≈1.7×)"
+    assert step_after(0.004, 0.0038) == "4.0 ms → ~200 µs/step (≈20.0×)"
+    assert step_after(0.1, 0.1) == "100.0 ms → ~0 µs/step (all of it)"
