@@ -74,9 +74,16 @@ def _suggested_workers(load_s: float, compute_s: float, cores: int | None) -> in
     return max(1, min(limit, max(2, needed)))
 
 
-def _loader_fix(loader: LoaderInfo, workers: int) -> str:
+def _uses_a_gpu(run: Run) -> bool:
+    """Whether the script computed on a GPU: pinned batches only help a copy to one (on a CPU-only run torch
+    warns that pin_memory has no accelerator to pin for)."""
+    return run.env.cuda_device is not None or run.gpu is not None
+
+
+def _loader_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
     where = f" at {loader.location}" if loader.location else ""
-    return f"DataLoader(..., num_workers={workers}, pin_memory=True, persistent_workers=True){where}"
+    pinning = " pin_memory=True," if pin and not loader.pin_memory else ""
+    return f"DataLoader(..., num_workers={workers},{pinning} persistent_workers=True){where}"
 
 
 def _severity(share: float) -> str:
@@ -96,7 +103,10 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     Example: `DataLoader(dataset, batch_size=32)` with image decoding in `__getitem__`.
 
     Fix: `DataLoader(dataset, batch_size=32, num_workers=N, pin_memory=True, persistent_workers=True)`,
-    N from the cores available; the workers load the next batches while the GPU computes.
+    N from the cores available; the workers load the next batches while the GPU computes (`pin_memory` is
+    suggested only when the script uses a GPU).
+
+    Severity: critical when the step waits at least half its time for data, else warning.
 
     Impact: with N workers the step takes max(compute, load / N) instead of compute + load.
     """
@@ -115,7 +125,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size,
                   "cores available": run.env.cores},
-        fix=_loader_fix(loader, workers),
+        fix=_loader_fix(loader, workers, _uses_a_gpu(run)),
     )
 
 
@@ -133,6 +143,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
 
     Fix: raise `num_workers` (the suggestion is derived from the measured load and compute times and the
     cores available), keep `persistent_workers=True`.
+
+    Severity: critical when the step waits at least half its time for data, else warning.
     """
     loader = _loader(run)
     if loader.num_workers == 0:
@@ -157,7 +169,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), "cores available": cores},
-        fix=_loader_fix(loader, suggested),
+        fix=_loader_fix(loader, suggested, _uses_a_gpu(run)),
     )
 
 
@@ -175,6 +187,8 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
 
     Fix: make each sample cheaper: decode or resize once ahead of time, move augmentation to the GPU
     (batched, after the copy), cache preprocessed samples, or use a faster decoder.
+
+    Severity: critical when the step waits at least half its time for data, else warning.
     """
     loader = _loader(run)
     if loader.num_workers == 0:

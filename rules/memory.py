@@ -25,6 +25,8 @@ def host_memory_pressure(
 
     Fix: load less into host memory (memory-map the dataset, fewer or lighter workers, smaller
     prefetch_factor), or give the job a machine or container with more memory.
+
+    Severity: critical while the host swaps, warning when memory is only nearly full.
     """
     samples = run.require_host_samples().host
     swap = [_swap_bps(p) for p in samples if _swap_bps(p) is not None]
