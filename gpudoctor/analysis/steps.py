@@ -43,13 +43,13 @@ class StepBuilder:
         )
 
     def from_trace(self) -> list[Step]:
-        """A bare trace's steps: its ProfilerStep ranges, with the DataLoader's waits inside each."""
+        """A bare trace's steps (see `trace_steps`), with the DataLoader's waits inside each."""
         if self.trace is None:
             return []
         waits = [a for a in self.trace.annotations if "DataLoader" in a.name and "__next__" in a.name]
         wait_starts = [a.start for a in waits]  # annotations are sorted by start
         steps = []
-        for index, (start, end) in sorted(self.trace.steps.items()):
+        for index, (start, end) in enumerate(trace_steps(self.trace)[1]):
             wait = sum(a.dur for a in waits[bisect_left(wait_starts, start):bisect_left(wait_starts, end)])
             steps.append(Step(index=index, start=start, wall_s=end - start, data_wait_s=wait, window="active",
                               **self._gpu_fields(start, end, True)))
@@ -74,3 +74,22 @@ def _gil(summary: GilSummary | None) -> GilStats | None:
     if summary is None:
         return None
     return GilStats(summary.samples, summary.mean_s, summary.p95_s, summary.max_s)
+
+
+OPTIMIZER_STEP = "Optimizer.step#"  # torch's annotation around every optimizer.step(), schedule or not
+
+
+def trace_steps(trace: TraceData) -> tuple[str | None, list[tuple[float, float]]]:
+    """What marks a bare trace's steps, and each step's (start, end): its ProfilerStep ranges (a profiler run
+    with a schedule), else the optimizer's step() calls, each ending a step (a profiler run without one)."""
+    if trace.steps:
+        return "profiler_step", [trace.steps[i] for i in sorted(trace.steps)]
+    ends = [a.end for a in trace.annotations if a.name.startswith(OPTIMIZER_STEP)]
+    if not ends:
+        return None, []
+    starts = [min(_first_starts(trace), default=ends[0]), *ends[:-1]]
+    return "optimizer", list(zip(starts, ends))
+
+
+def _first_starts(trace: TraceData) -> list[float]:
+    return [spans[0].start for spans in (trace.annotations, trace.runtime, trace.ops, trace.gpu_ops) if spans]

@@ -11,6 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from gpudoctor.analysis.run import Run
+from gpudoctor.analysis.steps import trace_steps
 from gpudoctor.bundle.events import StepSourceEvent
 
 # What each recorded source is called in findings.json (older bundles wrote "explicit" for gpudoctor.step()).
@@ -19,10 +20,10 @@ MIN_UNPROFILED_STEPS = 3  # fewer steps outside the window than this give no med
 
 
 def step_source(run: Run) -> str | None:
-    """marker, optimizer, backward, dataloader or forward (from the recorder), profiler_step for a bare trace's
-    ProfilerStep ranges; None when no step was found."""
+    """marker, optimizer, backward, dataloader or forward (from the recorder); for a bare trace, profiler_step
+    (its ProfilerStep ranges) or optimizer (its optimizer.step() calls); None when no step was found."""
     if run.trace_only:
-        return "profiler_step" if run.all_steps else None
+        return trace_steps(run.trace)[0] if run.trace is not None else None
     declared = run.events(StepSourceEvent)
     if not declared or not run.all_steps:
         return None
