@@ -88,6 +88,7 @@ class _Command(TyperCommand):
 
 app = typer.Typer(
     cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # help as wide as the terminal, up to 120 columns (click stops at 80)
     help="Find out why a PyTorch script leaves its GPU idle, and what to change.",
 )
 rules_app = typer.Typer(cls=_Group, no_args_is_help=True, help="List, explain and start rules.")
@@ -200,7 +201,7 @@ PROFILE_ARGS = "gpudoctor.profile_args"
 
 
 @app.command(cls=_ProfileCommand, help=PROFILE_HELP,
-             short_help="Run a PyTorch script unchanged, profile it, and report why its GPU idles.",
+             short_help="Run a script unchanged, profile it, and report why its GPU idles.",
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                "allow_interspersed_args": False})
 def profile(
@@ -351,7 +352,7 @@ def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
 
 
 @app.command(cls=_Command, help=ANALYZE_HELP,
-             short_help="Analyse a run directory again, or a torch.profiler trace made anywhere.")
+             short_help="Analyse a run directory, a profiler trace or a TensorBoard log.")
 def analyze(
     path: Annotated[Path, typer.Argument(
         metavar="PATH", help="A run directory, a torch.profiler trace (.json or .json.gz), or a TensorBoard "

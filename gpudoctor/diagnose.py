@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpudoctor.analysis import Run
-from gpudoctor.bundle import FINDINGS, REPORT
+from gpudoctor.bundle import FINDINGS, MANIFEST, REPORT
 from gpudoctor.engine import (
     ProjectConfig,
     Rule,
@@ -19,7 +19,7 @@ from gpudoctor.engine import (
     select_rules,
 )
 from gpudoctor.engine.isolation import DEFAULT_RULE_TIMEOUT_S, RuleLimits
-from gpudoctor.errors import OutputNotWritableError
+from gpudoctor.errors import BundleError, OutputNotWritableError
 from gpudoctor.report import build_report
 from gpudoctor.report.document import Report
 from gpudoctor.report.model import link_outputs
@@ -71,6 +71,35 @@ def prepare_rules(selection: RuleSelection, project_dir: Path | None = None) -> 
                               ("--rule-option", parse_cli_options(list(selection.options))))
     timeout = selection.rule_timeout_s or project.config.rule_timeout_s or DEFAULT_RULE_TIMEOUT_S
     return PreparedRules(project.selected(selection), options, RuleLimits(time_s=timeout))
+
+
+# What torch.profiler.tensorboard_trace_handler writes: DIR/<worker>.<time>.pt.trace.json(.gz), found in the directory
+# itself, in one run below it (torch-tb-profiler reads LOGDIR/RUN/) or in TensorBoard's plugins/profile/RUN/ layout.
+PROFILER_TRACE_GLOBS = tuple(f"{where}*.pt.trace.{ext}" for where in ("", "*/", "plugins/profile/*/")
+                             for ext in ("json", "json.gz"))
+
+
+def profiler_traces(directory: Path) -> list[Path]:
+    """The profiler traces of a TensorBoard profiler directory, oldest first."""
+    found = {path for pattern in PROFILER_TRACE_GLOBS for path in directory.glob(pattern) if path.is_file()}
+    return sorted(found, key=lambda path: (path.stat().st_mtime, path.name))
+
+
+def analysis_input(path: Path) -> tuple[Path, str | None]:
+    """What `analyze PATH` reads: PATH, or the newest trace of a TensorBoard profiler directory and a sentence
+    saying which."""
+    if not path.is_dir() or (path / MANIFEST).exists():
+        return path, None
+    traces = profiler_traces(path)
+    if not traces:
+        raise BundleError(f"{path} is neither a gpudoctor run directory (it has no {MANIFEST}) nor a TensorBoard "
+                          "profiler directory (it holds no *.pt.trace.json traces).")
+    chosen = traces[-1]
+    name = chosen.relative_to(path)
+    if len(traces) == 1:
+        return chosen, f"{path} holds one profiler trace; analysing it, {name}."
+    return chosen, (f"{path} holds {len(traces)} profiler traces; analysing the newest, {name} "
+                    "(use analyze PATH-TO-TRACE for another).")
 
 
 def open_run(path: Path) -> Run:

@@ -7,6 +7,7 @@ whatever happens to the script.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import os
 import platform
 import signal
@@ -59,6 +60,7 @@ from gpudoctor.bundle.manifest import (
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.samplers import Samplers
 from gpudoctor.collect.stub import child_command
+from gpudoctor.collect.window import LOG
 from gpudoctor.errors import EXIT_TIMEOUT, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
 from gpudoctor.ui.status_line import Progress
 
@@ -89,12 +91,13 @@ class ProfileOutcome:
     exit_status: int
     ending: str  # completed | exit | exception | signal | timeout | interrupted | max_steps | no_start
     message: str | None  # one sentence for the user when the script did not simply complete
+    note: str | None = None  # one sentence when the run directory refused the final manifest
 
 
 def check_script(script: str) -> None:
     path = Path(script)
     if not path.exists():
-        raise ScriptNotFoundError(f"{script} does not exist.")
+        raise ScriptNotFoundError(f"{script} does not exist{_did_you_mean(path) or '.'}")
     if path.is_dir():
         raise ScriptNotFoundError(f"{script} is a directory, not a Python script.")
     try:
@@ -108,6 +111,17 @@ def check_script(script: str) -> None:
     except SyntaxError as exc:
         where = f" (line {exc.lineno})" if exc.lineno else ""
         raise ScriptNotPythonError(f"{script} is not valid Python: {exc.msg}{where}.") from None
+
+
+def _did_you_mean(path: Path) -> str:
+    """'; did you mean train.py?' when a .py file beside the missing one has a close name, else ''."""
+    try:
+        neighbours = [p.name for p in path.parent.glob("*.py") if p.is_file()]
+    except OSError:
+        return ""
+    # By stem: the shared ".py" would make any two names look alike.
+    close = difflib.get_close_matches(path.stem, [name.removesuffix(".py") for name in neighbours], n=1)
+    return f"; did you mean {path.with_name(close[0] + '.py')}?" if close else ""
 
 
 def make_run_dir(request: ProfileRequest) -> Path:
@@ -135,7 +149,7 @@ def make_run_dir(request: ProfileRequest) -> Path:
 
 def _remove_previous_run(run_dir: Path) -> None:
     """An --out directory used before: its files would mix with this run's (events and samples are appended)."""
-    for name in (MANIFEST, EVENTS, *trace_names(run_dir), FINDINGS, REPORT,
+    for name in (MANIFEST, EVENTS, LOG, *trace_names(run_dir), FINDINGS, REPORT,
                  *(f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values())):
         (run_dir / name).unlink(missing_ok=True)
 
@@ -276,7 +290,7 @@ def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | No
         message = f"{name} was still running after --timeout {request.timeout_s:g} s, so gpudoctor stopped it."
         return "timeout", EXIT_TIMEOUT, message
     if end is not None and end.reason == "max_steps":
-        return "max_steps", 0, f"gpudoctor stopped {name} after --max-steps {request.max_steps}, as asked."
+        return "max_steps", 0, f"stopped {name} after --max-steps {request.max_steps}, as asked."
     if returncode < 0:
         sig = signal.Signals(-returncode)
         if sig == signal.SIGINT:
@@ -313,7 +327,7 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
     ending, status, message = describe_ending(request, returncode, child_report.end, supervisor)
     exit_info = _exit_info(child_report.end, ending, status, returncode)
     final = _final_manifest(run_dir, manifest, samplers, child_report, exit_info, started)
-    return ProfileOutcome(run_dir, status, ending, _with(message, _finish_manifest(run_dir, final)))
+    return ProfileOutcome(run_dir, status, ending, message, _finish_manifest(run_dir, final))
 
 
 def _finish_manifest(run_dir: Path, manifest: Manifest) -> str | None:
@@ -323,10 +337,6 @@ def _finish_manifest(run_dir: Path, manifest: Manifest) -> str | None:
     except OSError as exc:
         return f"the run's manifest could not be finished in {run_dir} ({exc.strerror or exc})."
     return None
-
-
-def _with(message: str | None, more: str | None) -> str | None:
-    return " ".join(m for m in (message, more) if m) or None
 
 
 def _exit_info(end: EndEvent | None, ending: str, status: int, returncode: int) -> ExitInfo:

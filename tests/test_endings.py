@@ -104,7 +104,10 @@ def test_output_directory_below_a_regular_file(gd: Gpudoctor) -> None:
 def test_script_raises(gd: Gpudoctor) -> None:
     result = gd.profile(ENDINGS, "raise")
     assert result.returncode == 1, result
-    assert result.first_message == f"gpudoctor: {ENDINGS} raised RuntimeError: the script failed on purpose"
+    # Said once, as the summary's first sentence: the exception and where, before anything measured or not.
+    where = f"{ENDINGS}:{_line_of('raise RuntimeError')}, in fail"
+    raised = f"gpudoctor: {ENDINGS} raised RuntimeError at {where}: the script failed on purpose. "
+    assert result.first_message.startswith(raised) and sum("raised" in m for m in result.messages) == 1, result
     stderr = result.stderr
     traceback = stderr[stderr.index("Traceback (most recent call last):"):stderr.index("gpudoctor:")]
     frames = [line for line in traceback.splitlines() if line.startswith("  File ")]

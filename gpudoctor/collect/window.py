@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
+import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from gpudoctor.bundle import PARTIAL_TRACE, trace_name
 from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
@@ -17,6 +21,110 @@ from gpudoctor.collect.config import WindowConfig
 # The smallest trace torch.profiler writes (its header and deviceProperties alone) is hundreds of bytes.
 MIN_TRACE_BYTES = 64
 WAITING, WARMUP, ACTIVE, CLOSED, FAILED = "waiting", "warmup", "active", "closed", "failed"
+LOG = "gpudoctor.log"  # in the run directory: what torch and Kineto printed during gpudoctor's profiler calls
+# Kineto's log lines ("USDT:2026-11-23 12:02:54 11726:11726 SyncActivityProfilerHandler.cpp:52] profiler_start",
+# "ERROR:... output_json.cpp:...] ...") and c10's ("[W1123 12:02:54.123456 tensor_numpy.cpp:84] ...").
+_CHATTER = re.compile(rb"^(?:[A-Z]+:\d{4}-\d\d-\d\d [\d:.]+ \d+:\d+ |\[?[IWEF]\d{4} [\d:.]+ (?:\d+ )?)"
+                      rb"\S+\.(?:cpp|cc|cu|h|hpp):\d+\]")
+
+
+class ProfilerChatter:
+    """Keeps what torch and Kineto print during gpudoctor's own profiler calls off the script's terminal.
+
+    Kineto writes with C++ stderr, so fd 2 points at RUN_DIR/gpudoctor.log only for the length of each call;
+    a line that another thread of the script wrote meanwhile is not chatter and goes on to the real stderr as the
+    call returns. Python warnings that the call raises in this thread (torch's "Failed to initialize NumPy") go to
+    the log too; another thread's warnings are shown as usual.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None
+        self._depth = 0  # a signal handler that closes the window may run inside a quiet call
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        if self._depth:
+            yield
+            return
+        self._depth += 1
+        redirected = self._redirect_stderr()
+        shown = warnings.showwarning
+        caught: list[str] = []
+        warnings.showwarning = self._warning_catcher(shown, threading.get_ident(), caught)
+        try:
+            yield
+        finally:
+            warnings.showwarning = shown
+            if redirected is not None:
+                self._restore_stderr(*redirected)
+            self._log_warnings(caught)
+            self._depth -= 1
+
+    def _log_fd(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        return self._fd
+
+    def _redirect_stderr(self) -> tuple[int, int] | None:
+        """Point fd 2 at the log; the saved fd 2 and where this call's part of the log starts, or None if it can't."""
+        with contextlib.suppress(Exception):  # the script's own text still buffered goes out first, where it belongs
+            sys.stderr.flush()
+        try:
+            log = self._log_fd()
+            start = os.lseek(log, 0, os.SEEK_END)
+            saved = os.dup(2)
+        except OSError:
+            return None  # a stderr left loud loses nothing
+        try:
+            os.dup2(log, 2)
+        except OSError:
+            os.close(saved)
+            return None
+        return saved, start
+
+    def _restore_stderr(self, saved: int, start: int) -> None:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        with contextlib.suppress(OSError):  # nothing here may fail the script's step
+            os.dup2(saved, 2)
+            os.close(saved)
+            self._pass_on(start)
+
+    def _pass_on(self, start: int) -> None:
+        """Give the real stderr every line of the log from `start` that is not torch's chatter; keep the rest."""
+        log = self._log_fd()
+        written = os.pread(log, os.fstat(log).st_size - start, start)
+        lines = written.splitlines(keepends=True)
+        others = b"".join(line for line in lines if not _CHATTER.match(line))
+        if not others:
+            return
+        _write_all(2, others)
+        os.ftruncate(log, start)
+        _write_all(log, b"".join(line for line in lines if _CHATTER.match(line)))
+
+    @staticmethod
+    def _warning_catcher(shown: Callable[..., None], owner: int, caught: list[str]) -> Callable[..., None]:
+        """A warnings.showwarning that keeps the owner thread's warnings in `caught` and shows the others'."""
+        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: TextIO | None = None, line: str | None = None) -> None:
+            if threading.get_ident() == owner:
+                caught.append(warnings.formatwarning(message, category, filename, lineno, line))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        return show
+
+    def _log_warnings(self, caught: list[str]) -> None:
+        """Written once fd 2 is back, so that they are not taken for the script's own lines."""
+        with contextlib.suppress(OSError):
+            if caught:
+                _write_all(self._log_fd(), "".join(caught).encode())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def _cuda_in_use() -> bool:
@@ -46,6 +154,7 @@ class ProfilerWindow:
         self.index = -1  # the window open now, or the last one opened
         self._first_step = config.wait  # the first step of the window open now (or of the first one)
         self._opened_at = 0.0  # time.monotonic() when the last window opened
+        self._chatter = ProfilerChatter(run_dir / LOG)
 
     def state_for_step(self, step: int) -> str:
         """Which phase of the window step number `step` (0-based) falls in."""
@@ -66,7 +175,8 @@ class ProfilerWindow:
                 if self._due():
                     self._open(completed)
             else:
-                self._profiler.step()
+                with self._chatter.quiet():
+                    self._profiler.step()
                 if completed >= self._first_step + self.config.warmup and self.state == WARMUP:
                     self.state = ACTIVE
         elif self._due():
@@ -83,7 +193,8 @@ class ProfilerWindow:
             self._emit(WindowEvent(state="ended_early", from_state=self.state, index=max(0, self.index)))
         if self._profiler is not None:
             try:
-                self._profiler.stop()
+                with self._chatter.quiet():
+                    self._profiler.stop()
             except Exception as exc:  # noqa: BLE001 - the trace is lost, the run is not
                 self._fail(f"torch.profiler failed while stopping: {exc}")
             self._profiler = None
@@ -95,19 +206,10 @@ class ProfilerWindow:
         return self.state in (WARMUP, ACTIVE)
 
     def _open(self, completed: int) -> None:
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        self.cuda = _cuda_in_use()
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         try:
-            self._profiler = profile(
-                activities=activities,
-                schedule=schedule(wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1),
-                on_trace_ready=self._export,
-                record_shapes=True,
-                with_stack=self._with_stack,
-            )
-            self._profiler.start()
+            with self._chatter.quiet():  # gpudoctor's own import of torch warns when NumPy is missing, for one
+                self.cuda = _cuda_in_use()
+                self._profiler = self._start_profiler()
         except Exception as exc:  # noqa: BLE001 - without a profiler the script still runs, and the manifest says why
             self._profiler = None
             self._fail(f"torch.profiler could not start: {exc.__class__.__name__}: {exc}")
@@ -118,6 +220,20 @@ class ProfilerWindow:
         self.state = WARMUP if self.config.warmup else ACTIVE
         self._emit(WindowEvent(state="opened", index=self.index, first_step=completed, cuda=self.cuda,
                                trace=trace_name(self.index)))
+
+    def _start_profiler(self) -> Any:
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        profiler = profile(
+            activities=activities,
+            schedule=schedule(wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1),
+            on_trace_ready=self._export,
+            record_shapes=True,
+            with_stack=self._with_stack,
+        )
+        profiler.start()
+        return profiler
 
     def _export(self, profiler: Any) -> None:
         started = time.perf_counter()
@@ -138,7 +254,7 @@ class ProfilerWindow:
                                trace=final.name))
 
     def _release(self) -> None:
-        with contextlib.suppress(Exception):  # the trace is already on disk; a failure to tear down changes nothing
+        with contextlib.suppress(Exception), self._chatter.quiet():  # the trace is on disk; a failed teardown is moot
             self._profiler.stop()
         self._profiler = None
 

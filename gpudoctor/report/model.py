@@ -121,6 +121,32 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
     return f"{idle_text}; {count}{cost}."
 
 
+def _raised(run: Run) -> str | None:
+    """'train.py raised KeyError at data.py:31, in load: 'label'.' when the script ended with an exception."""
+    ending = run.exit
+    if not ending.exception:
+        return None
+    target = run.manifest.target
+    where = ending.location
+    at = f" at {_shown_file(where.file, run.manifest.cwd)}:{where.line}, in {where.function}" if where else ""
+    lines = (ending.message or "").strip().splitlines()
+    said = f": {lines[0][:MAX_SOURCE_LINE]}" if lines else ""
+    return f"{target.module or target.script or 'the script'} raised {ending.exception}{at}{said}".rstrip(".") + "."
+
+
+def _shown_file(file: str, cwd: str | None) -> str:
+    """A file under the run's working directory relative to it, as the user would type it; any other as recorded."""
+    if cwd and file.startswith(cwd.rstrip(os.sep) + os.sep):
+        return os.path.relpath(file, cwd)
+    return file
+
+
+def _with_raised(run: Run, verdict: str) -> str:
+    """The verdict, after what the script raised: that comes first, before anything measured or not."""
+    raised = _raised(run)
+    return f"{raised} {verdict}" if raised else verdict
+
+
 def _command(target: Target) -> str | None:
     if target.module:
         return shlex.join(["-m", target.module, *target.args])
@@ -258,7 +284,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "gpudoctor_version": __version__,
         "run": _run_facts(run),
         "summary": {
-            "verdict": _verdict(idle, result.findings, steps, status), "gpu_idle_share": idle,
+            "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status)), "gpu_idle_share": idle,
             "healthy": not problems, "problems": len(problems), "status": status,
         },
         "not_measured": not_measured,
