@@ -259,3 +259,35 @@ def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     healthy = seen["healthy"]
     assert not [c for c in healthy["cards"] if c["severity"] != "info"]
     assert any("no problems found" in text for text in healthy["first_screen"]), healthy["first_screen"]
+
+
+def test_diff_page_in_a_real_browser(tmp_path: Path) -> None:
+    """`gpudoctor diff --format html`: a starved run against its fix (docs/screenshots/diff.png), and a run whose
+    every name is hostile against itself, every name rendered as text."""
+    chromium, node = _browser()
+    shots = SCREENSHOTS if os.environ.get("GPUDOCTOR_UPDATE_SCREENSHOTS") else tmp_path / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page, hostile_page = tmp_path / "diff.html", tmp_path / "hostile-diff.html"
+    before, after = (str(fixture_path(name).relative_to(REPO)) for name in ("data_starvation_bad",
+                                                                              "data_starvation_fixed"))
+    _gpudoctor("diff", before, after, "--format", "html", "--out", str(page))
+    hostile_run = _hostile_report(tmp_path / "hostile").parent  # holds findings.json
+    _gpudoctor("diff", str(hostile_run), str(hostile_run), "--out", str(hostile_page))
+
+    html = hostile_page.read_text(encoding="utf-8")
+    markup = _markup(html)
+    assert {tag for tag, _ in markup.tags} <= ALLOWED_TAGS and not re.search(r"<script", html, re.IGNORECASE)
+    assert not [attrs for _, attrs in markup.tags if any(a.startswith("on") for a in attrs)]
+    for text in (f"<strong>Title {ESCAPED}&#34;&#39;&amp;</strong>", f"fix {ESCAPED}", f"train{IN_PATH_ESCAPED}.py:5"):
+        assert text in html, text
+
+    seen = _open_in_browser([{"html": str(page), "screenshot": str(shots / "diff.png"), "full_page": True},
+                             {"html": str(hostile_page), "screenshot": None}], tmp_path, chromium, node)
+    for shown in seen:
+        assert not shown["console_errors"] and not shown["page_errors"], shown
+        assert shown["requests"] == [shown["url"]] and not shown["dialogs"] and shown["scripts"] == 0, shown
+    starved, hostile = seen
+    assert starved["first_screen"] == ["29.87x faster: median step 145.9 ms → 4.9 ms"], starved["first_screen"]
+    assert starved["title"] == f"gpudoctor diff — {before} → {after}"
+    assert hostile["first_screen"][0].startswith("The same speed: median step")
+    assert (shots / "diff.png").stat().st_size > 10_000
