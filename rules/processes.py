@@ -70,36 +70,33 @@ WORKER_BASE_THREADS = 2
 
 @rule("GD502", "fork-after-cuda-init", category="fork_after_cuda")
 def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
-    """A process was forked after CUDA was initialized.
+    """A process was forked after CUDA was initialized, outside the DataLoader, or a forked process crashed on CUDA.
 
-    What it detects: `fork()` — multiprocessing's fork start method, or DataLoader workers started with
-    it — after the training process initialized CUDA, and runs that crashed with "Cannot re-initialize
-    CUDA in forked subprocess". A crash is critical; a fork outside the DataLoader is a warning;
-    DataLoader workers forked after CUDA init are only noted (info): PyTorch supports them as long as
-    the dataset never touches CUDA.
+    What it detects: `fork()` — multiprocessing's fork start method, a fork-context Pool, `os.fork` — after the
+    training process initialized CUDA, and runs that crashed with "Cannot re-initialize CUDA in forked
+    subprocess". DataLoader workers forked after CUDA init are left alone: PyTorch supports them, and they
+    fail loudly (that crash) if their dataset touches CUDA.
 
     Why it matters: CUDA does not survive fork. A child that touches CUDA crashes; one that does not
     works only while no library call in it initializes CUDA.
 
     Fix: `multiprocessing.set_start_method("spawn")` (or "forkserver") before creating processes, or
     `DataLoader(..., multiprocessing_context="spawn", persistent_workers=True)`.
+
+    Severity: critical when the run crashed on it, else warning.
     """
     crashed = run.exit.message is not None and CUDA_FORK_ERROR in run.exit.message
     forks = [f for f in run.forks if f.cuda_initialized]
-    if not forks and not crashed:
-        return
     own = [f for f in forks if not f.dataloader_worker]
+    if not own and not crashed:
+        return
     first = (own or forks or [None])[0]
-    severity = "critical" if crashed else "warning" if own else "info"
-    if crashed:
-        title = "The script crashed: a forked process tried to use CUDA"
-    elif own:
-        title = f"{len(own)} processes forked after CUDA was initialized"
-    else:
-        title = f"{len(forks)} DataLoader workers forked after CUDA was initialized"
+    title = ("The script crashed: a forked process tried to use CUDA" if crashed else
+             f"{len(own)} processes forked after CUDA was initialized")
     yield Finding(
-        title, impact=None, impact_reason="a correctness risk, not a cost in step time", severity=severity,
-        location=(first.location if first else None) or run.exit.location, count=max(1, len(forks)),
+        title, impact=None, impact_reason="a correctness risk, not a cost in step time",
+        severity="critical" if crashed else "warning",
+        location=(first.location if first else None) or run.exit.location, count=max(1, len(own or forks)),
         evidence={"forks after CUDA init": len(forks), "of them DataLoader workers": len(forks) - len(own),
                   "start method": first.start_method if first else None, "crashed": crashed},
         fix='DataLoader(..., multiprocessing_context="spawn", persistent_workers=True), or '

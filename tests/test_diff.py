@@ -188,8 +188,7 @@ def test_text_output(gd: Gpudoctor) -> None:
     resolved = lines.index("resolved (1):")
     assert lines[resolved + 1].startswith("  [critical] GD101 The step waits 91% of its time for the DataLoader")
     assert lines[resolved + 1].endswith("fixtures/scripts/data_starvation_bad.py:74 (was ~81% of step time)")
-    assert lines[lines.index("new (1):") + 1].startswith("  [info] GD502 6 DataLoader workers forked")
-    assert "remaining: none" in lines
+    assert "new: none" in lines and "remaining: none" in lines
     assert lines[-1] == f"analysed now, having no findings.json: {fixture_path(BAD)}, {fixture_path(FIXED)}"
     assert len(lines) <= 10  # a few lines a person reads
 
@@ -211,7 +210,7 @@ def test_json_output_keeps_to_its_schema(gd: Gpudoctor, analysed: dict[str, Path
     assert diff["before"]["median_step_s"] > diff["after"]["median_step_s"] > 0
     assert diff["speedup"] == pytest.approx(diff["before"]["median_step_s"] / diff["after"]["median_step_s"])
     assert [(f["code"], f["category"], f["after"]) for f in diff["resolved"]] == [("GD101", "data_starvation", None)]
-    assert [(f["code"], f["category"], f["before"]) for f in diff["new"]] == [("GD502", "fork_after_cuda", None)]
+    assert diff["new"] == []
     assert diff["remaining"] == [] and diff["before"]["source"] == "findings.json"
     itself = diff_document(compare_runs(analysed[BAD], analysed[BAD]))
     _checked_diff(json.dumps(itself))

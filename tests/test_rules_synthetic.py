@@ -119,12 +119,13 @@ def test_a_fork_crash_is_critical_even_without_a_fork_event(tmp_path) -> None:
     assert_fires("GD502", b.build(), count=1, severity="critical", location="train.py:12")
 
 
-def test_dataloader_forks_after_cuda_init_are_only_noted(tmp_path) -> None:
+def test_dataloader_forks_after_cuda_init_are_left_alone(tmp_path) -> None:
+    # PyTorch supports them: a worker whose dataset touches CUDA crashes the run, which GD502 does report.
     b = BundleBuilder(tmp_path)
     b.steps(3, wall_s=0.1)
     b.fork(cuda_initialized=True, dataloader_worker=True)
     b.fork(cuda_initialized=True, dataloader_worker=True)
-    assert_fires("GD502", b.build(), count=1, severity="info")
+    assert_silent("GD502", b.build())
 
 
 def test_forks_before_cuda_init_are_fine(tmp_path) -> None:
