@@ -22,7 +22,7 @@ import torch
 
 def other_thread():
     for i in range(300):
-        print(f"thread {i}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"thread {i}\\n")  # one write a line: two threads' print()s interleave, gpudoctor or not
         time.sleep(0.002)
 
 thread = threading.Thread(target=other_thread)
@@ -32,7 +32,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(10):
     model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
-    print(f"step {step} err", file=sys.stderr)
+    sys.stderr.write(f"step {step} err\\n")
     print(f"step {step} out")
 thread.join()
 """
