@@ -38,7 +38,7 @@ def test_saving_is_the_impact_of_the_median_analysed_step(tmp_path: Path) -> Non
     report = build_report(run, run_rules(run, [half_the_step]))
     assert report["findings"][0]["saving_s"] == 0.05
     assert report["run"]["median_step_s"] == pytest.approx(0.1)
-    assert "~50% of step time: 100.0 → ~50.0 ms/step (≈2.0×)" in to_text(report)
+    assert "(fix saves ~50%: 100.0 → ~50.0 ms/step (≈2.0×))" in to_text(report)
     assert "100.0 → ~50.0 ms/step (≈2.0×)" in to_html(link_outputs(report, tmp_path))
 
 
@@ -61,7 +61,7 @@ def test_a_finding_without_an_impact_has_no_saving(tmp_path: Path) -> None:
     run = b.build()
     [finding] = run_rules(run, [cost_unknown]).findings
     assert finding.impact is None and finding.saving_s is None
-    assert "of step time" not in to_text(build_report(run, run_rules(run, [cost_unknown])))
+    assert "saves" not in to_text(build_report(run, run_rules(run, [cost_unknown])))
 
 
 def test_the_phrase_reads_in_the_units_of_the_step() -> None:

@@ -117,7 +117,7 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
         return f"{idle_text}; no problems found{measured}."
     largest = max((f.impact or 0.0) for f in problems)
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
-    cost = f", the largest costs ~{largest:.0%} of step time" if largest > 0 else ""
+    cost = f", the largest fix saves ~{largest:.0%} of the step" if largest > 0 else ""
     return f"{idle_text}; {count}{cost}."
 
 

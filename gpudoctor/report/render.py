@@ -109,7 +109,7 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         after = step_after(run.get("median_step_s"), finding.get("saving_s"))
         impact = ""
         if finding.get("impact"):
-            impact = f" (~{finding['impact']:.0%} of step time{': ' + after if after else ''})"
+            impact = f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
         lines.append(f"  [{finding['severity']}] {finding['code']} {finding['title']}{impact}{_location(finding)}")
         if len(windows) > 1 and finding.get("windows"):
             lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
