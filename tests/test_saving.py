@@ -69,3 +69,15 @@ def test_the_phrase_reads_in_the_units_of_the_step() -> None:
     assert step_after(2.5, 1.0) == "2.50 s → ~1.50 s/step (≈1.7×)"
     assert step_after(0.004, 0.0038) == "4.0 ms → ~200 µs/step (≈20.0×)"
     assert step_after(0.1, 0.1) == "100.0 ms → ~0 µs/step (all of it)"
+
+
+def test_warm_up_and_start_up_steps_never_enter_the_figures(tmp_path: Path) -> None:
+    # A window that recorded no active step (it failed, or the script ended first): the analysed steps are those
+    # after start-up, without the profiler's slow warm-up ones.
+    b = BundleBuilder(tmp_path, window=(1, 2, 3))
+    b.step(wall_s=0.9, window="waiting")  # start-up
+    b.steps(2, wall_s=0.5, window="warmup")
+    b.steps(3, wall_s=0.1, window="closed")
+    run = b.build()
+    assert [s.window for s in run.steps] == ["closed"] * 3
+    assert build_report(run, run_rules(run, []))["run"]["median_step_s"] == pytest.approx(0.1)

@@ -174,7 +174,8 @@ class Run:
     @cached_property
     def steps(self) -> list[Step]:
         active = [s for s in self.all_steps if s.window in ANALYSED_WINDOW_STATES]
-        return active or self.steady_steps
+        # Without an active window, every step after start-up but the profiler's warm-up ones, which it slows.
+        return active or [s for s in self.steady_steps if s.window != "warmup"] or self.steady_steps
 
     @cached_property
     def steady_steps(self) -> list[Step]:
