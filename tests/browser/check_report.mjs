@@ -43,7 +43,7 @@ try {
           has_evidence: !!a.querySelector("table.evidence"),
         })),
         // What a reader sees before scrolling: the text of the elements that end above the fold.
-        first_screen: [...document.querySelectorAll(".verdict, .top-problems li > a, .top-problems .at, .top-problems pre, .healthy-note")]
+        first_screen: [...document.querySelectorAll(".verdict, .top-problems li > a, .top-problems .cost, .top-problems .at, .top-problems pre, .healthy-note")]
           .filter((el) => visible(el) && el.getBoundingClientRect().bottom <= window.innerHeight)
           .map((el) => el.innerText.trim()),
         windows: [...document.querySelectorAll("table.windows tbody tr")].filter(visible).map((tr) => ({
