@@ -52,7 +52,9 @@ def decode_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError, line
     if isinstance(exc, UnicodeDecodeError):
         return BundleError(f"{path} is corrupt: {where}byte {exc.start} is not UTF-8 text.")
     reason = str(exc).replace(" - at `$", " at `$")
-    return BundleError(f"{path} is corrupt: {where}{reason[:1].lower()}{reason[1:]}.")
+    if not reason[1:2].isupper():  # "Expected `int`..." reads on in the sentence; "JSON is malformed" keeps its case
+        reason = reason[:1].lower() + reason[1:]
+    return BundleError(f"{path} is corrupt: {where}{reason}.")
 
 
 ANY_JSON: msgspec.json.Decoder[Any] = msgspec.json.Decoder()  # plain JSON data: dicts, lists, numbers, strings

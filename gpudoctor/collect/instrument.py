@@ -31,6 +31,7 @@ from gpudoctor.collect.callsite import user_location
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
+from gpudoctor.collect.step_hooks import find_outermost_model, hook_backward_steps
 
 perf_counter = time.perf_counter
 
@@ -61,8 +62,8 @@ class Instrumentation:
 
         self._patch_dataloader()
         self._hook_optimizers()
-        self._hook_backward_steps()
-        self._find_outermost_model()
+        hook_backward_steps(self.recorder, self._always)
+        find_outermost_model(self.recorder, self._step_hooks)
         self.recorder.emit(TorchEvent(version=torch.__version__, cuda_build=torch.version.cuda,
                                       cuda_built=torch.backends.cuda.is_built()))
 
@@ -160,50 +161,6 @@ class Instrumentation:
 
         optimizer.register_optimizer_step_pre_hook(pre)
         optimizer.register_optimizer_step_post_hook(post)
-
-    def _hook_backward_steps(self) -> None:
-        """backward() calls mark the steps when nothing stronger (an optimizer, a marker) does."""
-        import torch.autograd
-
-        recorder = self.recorder
-
-        def make(original: Any) -> Any:
-            @functools.wraps(original)
-            def backward(*args: Any, **kwargs: Any) -> Any:
-                recorder.on_backward()
-                return original(*args, **kwargs)
-
-            return backward
-
-        self._always.wrap(torch.autograd, "backward", make)
-
-    def _find_outermost_model(self) -> None:
-        """Watch every module call until the first outermost one returns, then only that module: its calls mark
-        the steps of a loop with neither optimizer, backward() nor DataLoader (an inference loop). A hook on every
-        module call costs microseconds each; one on the outermost module, one call a step."""
-        from torch.nn.modules import module
-
-        recorder, local, handles = self.recorder, self._local, self._step_hooks
-        watched: list[Any] = []  # the outermost module, once found
-
-        def pre(mod: Any, args: Any) -> None:
-            local.outer_depth = getattr(local, "outer_depth", 0) + 1
-
-        def post(mod: Any, args: Any, output: Any) -> None:
-            local.outer_depth = getattr(local, "outer_depth", 1) - 1
-            if local.outer_depth == 0 and not watched:
-                watched.append(mod)
-                for handle in handles:
-                    handle.remove()
-                handles.clear()
-                recorder.on_forward()  # the call that just ended was the first of the loop's
-                handles.append(mod.register_forward_pre_hook(lambda m, a: recorder.on_forward()))
-
-        try:  # always_call: a forward that raises still leaves its depth
-            post_handle = module.register_module_forward_hook(post, always_call=True)
-        except TypeError:  # torch before 2.0 has no always_call
-            post_handle = module.register_module_forward_hook(post)
-        handles.extend([module.register_module_forward_pre_hook(pre), post_handle])
 
     # -- only while the window records -----------------------------------------------------------
     def _on_window_change(self, recording: bool) -> None:

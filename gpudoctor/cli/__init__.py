@@ -1,0 +1,11 @@
+"""The command line: `gpudoctor profile`, `gpudoctor analyze`, `gpudoctor diff`, `gpudoctor rules`.
+
+Each command is a few calls into the library. GpudoctorError is caught once, in `main`, and printed as
+its one-sentence message with its exit status.
+"""
+
+from __future__ import annotations
+
+from gpudoctor.cli.main import app, main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,115 @@
+"""`gpudoctor analyze` and `gpudoctor diff`: analyse a run again, or compare two."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpudoctor.cli.app import (
+    ANALYZE_HELP,
+    FailOnOption,
+    FormatOption,
+    IgnoreOption,
+    RuleOptionOption,
+    RulesOption,
+    RuleTimeoutOption,
+    SelectOption,
+    _check_fail_on,
+    _Command,
+    _fails,
+    _formats,
+    _say,
+    _selection,
+    _write,
+    app,
+)
+from gpudoctor.diagnose import (
+    analysis_input,
+    diagnose,
+    open_run,
+    prepare_rules,
+)
+from gpudoctor.diffing import compare_runs, write_file
+from gpudoctor.errors import EXIT_FINDINGS, InputNotFoundError
+from gpudoctor.report.diff_render import DIFF_FORMATS, render_diff
+from gpudoctor.ui.trace_progress import TraceProgress
+
+
+@app.command(cls=_Command, help=ANALYZE_HELP,
+             short_help="Analyse a run directory, a profiler trace or a TensorBoard log.")
+def analyze(
+    path: Annotated[Path, typer.Argument(
+        metavar="PATH", help="A run directory, a torch.profiler trace (.json or .json.gz), or a TensorBoard "
+                             "profiler directory.")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="DIR", help="Where to write findings.json and report.html.")] = None,
+    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
+    rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
+    output_formats: FormatOption = None,
+) -> None:
+    """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
+    _check_fail_on(fail_on)
+    formats = _formats(output_formats)
+    if not path.exists():
+        raise InputNotFoundError(f"{path} does not exist.")
+    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
+    source, chosen = analysis_input(path)  # a TensorBoard directory's newest trace, said in one sentence
+    if chosen:
+        _say(chosen)
+    out_dir = out or (source if source.is_dir() else source.parent)
+    run = open_run(source)
+    run.trace_progress = TraceProgress.on_terminal(sys.stderr)  # None unless stderr is a terminal
+    report = diagnose(run, prepared)
+    _write(report, out_dir, formats)
+    if _fails(report, fail_on):
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+
+
+DIFF_HELP = """Did the fix work? Compare two runs: the median step of each, the speed-up (before / after), and each
+finding resolved (in BEFORE only), new (in AFTER only) or remaining (in both). BEFORE and AFTER are run directories
+or their findings.json; a run directory without findings.json is analysed first.
+
+\b
+Exit status:
+  0    the runs were compared
+  2    bad usage, a rule file that cannot be used
+  65   a run that cannot be read (a corrupt findings.json or bundle); 66 a path that does not exist
+  73   --out cannot be written"""
+
+
+def _diff_format(value: str | None, out: Path | None) -> str:
+    """--format; without it, the extension of --out (.json, .html), else text."""
+    if value is None:
+        suffix = out.suffix.lower().lstrip(".") if out is not None else ""
+        return suffix if suffix in ("json", "html") else "text"
+    if value.strip().lower() not in DIFF_FORMATS:
+        raise typer.BadParameter(f"--format takes {', '.join(DIFF_FORMATS)}, not {value!r}.")
+    return value.strip().lower()
+
+
+@app.command(help=DIFF_HELP, short_help="Did the fix work? Compare two runs: their steps and their findings.")
+def diff(
+    before: Annotated[Path, typer.Argument(
+        metavar="BEFORE", help="The earlier run: a run directory, or its findings.json.")],
+    after: Annotated[Path, typer.Argument(
+        metavar="AFTER", help="The later run, after the fix: a run directory, or its findings.json.")],
+    output_format: Annotated[str | None, typer.Option(
+        "--format", metavar="FORMAT", show_default=False,
+        help="text (the default), json or html; with --out and no --format, the file's extension chooses.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="FILE", help="Write the comparison to this file, not stdout.")] = None,
+    rules: RulesOption = None,
+) -> None:
+    """Compare two runs: median steps, speed-up, and the findings resolved, new and remaining."""
+    chosen = _diff_format(output_format, out)
+    text = render_diff(compare_runs(before, after, tuple(rules or ()), progress=sys.stderr), chosen)
+    if out is None:
+        print(text, end="")
+        return
+    write_file(out, text)
+    _say(f"wrote the comparison to {out}.")

@@ -1,0 +1,173 @@
+"""The command-line application: the typer app, its help layout, the options the commands share, and the few helpers
+they share (messages, formats, --fail-on, writing the report)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from gpudoctor.diagnose import (
+    PreparedRules,
+    RuleSelection,
+    diagnose,
+    open_run,
+    write_outputs,
+)
+from gpudoctor.engine import SEVERITIES
+from gpudoctor.errors import GpudoctorError
+from gpudoctor.report.document import Report
+from gpudoctor.report.render import to_text
+
+if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
+    from typer._click.core import Context as _ClickContext
+    from typer._click.core import Parameter as _ClickParameter
+    from typer._click.formatting import HelpFormatter as _ClickHelpFormatter
+
+
+class _Group(TyperGroup):
+    """`gpudoctor --help` lists each command with its whole summary; click would cut it to fit with '...'."""
+
+    def format_commands(self, ctx: _ClickContext, formatter: _ClickHelpFormatter) -> None:
+        commands = [(name, self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        rows = [(name, command.get_short_help_str(limit=1000)) for name, command in commands
+                if command is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _metavar(param: _ClickParameter) -> str:
+    return param.metavar or (param.name or "").upper()
+
+
+class _Command(TyperCommand):
+    """Help that names an argument by its metavar alone: typer writes `{PATH}` in the usage, `PATH <path>` below."""
+
+    def collect_usage_pieces(self, ctx: _ClickContext) -> list[str]:
+        arguments = [_metavar(p) for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        return [self.options_metavar or "[OPTIONS]", *arguments]
+
+    def format_options(self, ctx: _ClickContext, formatter: _ClickHelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                argument = param.param_type_name == "argument"
+                rows["Arguments" if argument else "Options"].append((_metavar(param) if argument else record[0],
+                                                                     record[1]))
+        for title, section in rows.items():
+            if section:
+                with formatter.section(title):
+                    formatter.write_dl(section)
+
+
+app = typer.Typer(
+    cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # help as wide as the terminal, up to 120 columns (click stops at 80)
+    help="Find out why a PyTorch script leaves its GPU idle, and what to change.",
+)
+rules_app = typer.Typer(cls=_Group, no_args_is_help=True, help="List, explain and start rules.")
+app.add_typer(rules_app, name="rules")
+
+RulesOption = Annotated[list[str] | None, typer.Option(
+    "--rules", metavar="PATH", help="A rule file, directory of them, or module (repeatable).")]
+SelectOption = Annotated[list[str] | None, typer.Option(
+    "--select", metavar="PREFIX", help="Run only rules whose code starts with PREFIX, e.g. GD1 (repeatable).")]
+IgnoreOption = Annotated[list[str] | None, typer.Option(
+    "--ignore", metavar="PREFIX", help="Skip rules whose code starts with PREFIX (repeatable).")]
+RuleOptionOption = Annotated[list[str] | None, typer.Option(
+    "--rule-option", metavar="CODE.OPTION=VALUE",
+    help="Set one rule option, e.g. GD101.min_wait_share=0.2 (repeatable).")]
+RuleTimeoutOption = Annotated[float | None, typer.Option(
+    "--rule-timeout", min=0.1, metavar="SECONDS",
+    help="How long one rule may run before it is left behind as an error (default 30; [tool.gpudoctor] rule_timeout).")]
+FailOnOption = Annotated[str | None, typer.Option(
+    "--fail-on", metavar="SEVERITY",
+    help="Exit with status 10 if a finding is at least this severe: info, warning or critical.")]
+FormatOption = Annotated[list[str] | None, typer.Option(
+    "--format", metavar="FORMATS",
+    help="text (the summary, on stderr), json (findings.json), html (report.html): repeatable or "
+         "comma-separated. Default: all three.")]
+FORMATS = ("text", "json", "html")
+EXIT_STATUS_HELP = """
+
+\b
+Exit status:
+  0    no --fail-on threshold met (or none given)
+  10   --fail-on SEVERITY: a finding is at least that severe
+  2    bad usage, a rule file that cannot be used, a script not found
+  65   a run bundle or trace that cannot be read; 66 a path that does not exist
+  70   a bug in gpudoctor; 73 the output directory cannot be written"""
+PROFILE_HELP = ("Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report. "
+                "gpudoctor's options go before SCRIPT: everything after it is the script's own. While it runs, a "
+                "status line on the terminal (only when stderr is one) shows the steps seen and the profiling window."
+                + EXIT_STATUS_HELP.replace("Exit status:",
+                                           "Exit status (the script's own when it fails, a signal N as 128+N):")
+                + "\n  124  --timeout stopped the script")
+ANALYZE_HELP = ("Re-analyse a run directory, or analyse a Chrome trace that torch.profiler wrote anywhere, or a "
+                "TensorBoard profiler directory (the newest of its *.pt.trace.json traces)." + EXIT_STATUS_HELP)
+
+
+
+
+def _say(message: str) -> None:
+    print(f"gpudoctor: {message}", file=sys.stderr)
+
+
+def _say_each(*messages: str | None) -> None:
+    for message in messages:
+        if message:
+            _say(message)
+
+
+def _formats(values: list[str] | None) -> tuple[str, ...]:
+    chosen = [v.strip().lower() for value in values or FORMATS for v in value.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in FORMATS]
+    if unknown or not chosen:
+        raise typer.BadParameter(f"--format takes {', '.join(FORMATS)} (repeatable or comma-separated), "
+                                 f"not {', '.join(unknown) or 'nothing'}.")
+    return tuple(dict.fromkeys(chosen))
+
+
+def _check_fail_on(fail_on: str | None) -> None:
+    if fail_on is not None and fail_on not in SEVERITIES:
+        raise typer.BadParameter(f"--fail-on must be one of {', '.join(SEVERITIES)}, not {fail_on!r}.")
+
+
+def _fails(report: Report, fail_on: str | None) -> bool:
+    """Whether a finding (findings.json's, in the report) is at least as severe as --fail-on."""
+    if fail_on is None:
+        return False
+    threshold = SEVERITIES.index(fail_on)
+    return any(SEVERITIES.index(f["severity"]) >= threshold for f in report["findings"])
+
+
+
+
+def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[str] | None,
+               rule_option: list[str] | None, rule_timeout: float | None) -> RuleSelection:
+    return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()),
+                         rule_timeout)
+
+
+def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
+                   formats: tuple[str, ...] = FORMATS) -> Report | None:
+    """Analyse and write the report; a failure here is reported but never hides the script's own status."""
+    try:
+        report = diagnose(open_run(source), rules)
+        _write(report, out_dir, formats)
+    except GpudoctorError as exc:
+        _say(f"the bundle was written to {out_dir}, but the report could not be made: {exc}")
+        return None
+    return report
+
+
+def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
+    written = write_outputs(report, out_dir, formats)
+    if "text" in formats:
+        shown = written.get("html") or written.get("json")
+        print(to_text(report, str(shown) if shown else None), file=sys.stderr, end="")

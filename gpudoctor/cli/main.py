@@ -1,0 +1,57 @@
+"""`gpudoctor`: the application with every command, and `main`, which catches gpudoctor's errors once and
+prints each as its one sentence with its exit status."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gpudoctor import __version__
+from gpudoctor.errors import EXIT_INTERNAL, GpudoctorError
+
+if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
+    from typer._click.exceptions import ClickException as _ClickException
+else:
+    # Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
+    _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+from gpudoctor.cli import analyze, profile, rules  # noqa: F401 - importing them registers their commands
+from gpudoctor.cli.app import _say, app
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"gpudoctor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Show the version.")] = False) -> None:
+    pass
+
+
+def main() -> None:
+    try:
+        # Outside standalone mode click returns a typer.Exit's code instead of exiting with it.
+        status = app(standalone_mode=False)
+    except GpudoctorError as exc:
+        _say(str(exc))
+        sys.exit(exc.exit_status)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        _say("aborted.")
+        sys.exit(130)
+    except _ClickException as exc:  # usage errors
+        exc.show()
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - a bug in gpudoctor: one line, the traceback and EXIT_INTERNAL
+        _say(f"internal error: {type(exc).__name__}: {exc}. Please report it with the traceback below.")
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(status if isinstance(status, int) else 0)

@@ -1,0 +1,202 @@
+"""`gpudoctor profile`: run a script unchanged, profile it, and write its report."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from typer.core import TyperOption
+
+from gpudoctor.collect.config import WindowConfig
+from gpudoctor.diagnose import (
+    prepare_rules,
+)
+from gpudoctor.errors import EXIT_FINDINGS
+from gpudoctor.launcher import ProfileOutcome, ProfileRequest
+from gpudoctor.launcher import profile as run_profile
+
+if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
+    from typer._click.core import Command as _ClickCommand
+    from typer._click.core import Context as _ClickContext
+
+from gpudoctor.cli.app import (
+    PROFILE_HELP,
+    FailOnOption,
+    FormatOption,
+    IgnoreOption,
+    RuleOptionOption,
+    RulesOption,
+    RuleTimeoutOption,
+    SelectOption,
+    _check_fail_on,
+    _Command,
+    _diagnose_into,
+    _fails,
+    _formats,
+    _say_each,
+    _selection,
+    app,
+)
+
+
+def _end_options_after_module(args: list[str], takes_value: set[str]) -> list[str]:
+    """Insert `--` after `-m MODULE`, so that the module's own arguments are not read as gpudoctor's options."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-"):
+            return args  # the script comes first, and click stops reading options there by itself
+        if arg in ("-m", "--module"):
+            return args if i + 1 == len(args) else [*args[:i + 2], "--", *args[i + 2:]]
+        if arg.startswith("--module=") or (arg.startswith("-m") and not arg.startswith("--")):
+            return [*args[:i + 1], "--", *args[i + 1:]]
+        i += 2 if arg in takes_value else 1
+    return args
+
+
+def _profile_options(command: _ClickCommand) -> dict[str, bool]:
+    """Each of profile's option names (--out, -m, ...) and whether it takes a value."""
+    return {name: not p.is_flag for p in command.params if isinstance(p, TyperOption) for name in p.opts}
+
+
+class _ProfileCommand(_Command):
+    """`profile -m MODULE ARGS...` gives every argument after MODULE to the module, as `python -m` does."""
+
+    def parse_args(self, ctx: _ClickContext, args: list[str]) -> list[str]:
+        ctx.meta[PROFILE_ARGS] = list(args)  # as typed: a misplaced option is shown moved within them
+        takes_value = {name for name, takes in _profile_options(self).items() if takes}
+        return super().parse_args(ctx, _end_options_after_module(args, takes_value))
+
+    def collect_usage_pieces(self, ctx: _ClickContext) -> list[str]:
+        return ["[OPTIONS]", "SCRIPT", "[ARGS]..."]
+
+
+PROFILE_ARGS = "gpudoctor.profile_args"
+
+
+@app.command(cls=_ProfileCommand, help=PROFILE_HELP,
+             short_help="Run a script unchanged, profile it, and report why its GPU idles.",
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "allow_interspersed_args": False})
+def profile(
+    ctx: typer.Context,
+    script: Annotated[str | None, typer.Argument(
+        metavar="SCRIPT", help="The script to run; everything after it is the script's own arguments.",
+        show_default=False)] = None,
+    module: Annotated[str | None, typer.Option(
+        "-m", "--module", metavar="MODULE", help="Run a module, as `python -m`.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="DIR", help="Run directory (default ./gpudoctor-runs/<script>-<time>).")] = None,
+    wait_steps: Annotated[int, typer.Option(
+        metavar="N", help="Steps to skip before profiling.", min=0)] = WindowConfig.wait,
+    warmup_steps: Annotated[int, typer.Option(
+        metavar="N", help="Profiler warm-up steps (recorded, not analysed).", min=0)] = WindowConfig.warmup,
+    active_steps: Annotated[int, typer.Option(
+        metavar="N", help="Steps recorded and analysed.", min=1)] = WindowConfig.active,
+    max_steps: Annotated[int | None, typer.Option(
+        metavar="N", help="Stop the script cleanly after N steps.", min=1)] = None,
+    timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="Stop the script after this many seconds.", min=0.1)] = None,
+    with_stack: Annotated[bool, typer.Option(
+        "--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
+    every: Annotated[str | None, typer.Option(
+        help="Profile again every DURATION (e.g. 10m, 90s, 1h) while the script runs; the report compares the windows.",
+        metavar="DURATION", show_default=False)] = None,
+    rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
+    rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
+    output_formats: FormatOption = None,
+) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
+    _check_fail_on(fail_on)
+    formats = _formats(output_formats)
+    args = list(ctx.args)
+    if module is None and script is None:
+        raise typer.BadParameter("give a script to run, or -m MODULE.")
+    if module is not None and script is not None:
+        args.insert(0, script)
+        script = None
+    request = ProfileRequest(
+        script=script, module=module, args=args, out=out,
+        window=WindowConfig(wait_steps, warmup_steps, active_steps, _duration_s(every)), max_steps=max_steps,
+        timeout_s=timeout, with_stack=with_stack,
+    )
+    # The rules are loaded and checked before the script runs, so that a bad rule file costs no run.
+    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
+    outcome = run_profile(request)
+    ending = _misplaced_options(ctx, request, outcome) or outcome.message
+    in_verdict = outcome.ending == "exception" and "text" in formats  # the summary's first sentence names it
+    _say_each(None if in_verdict else ending, outcome.note)
+    report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
+    _say_each(ending if in_verdict and report is None else None)
+    status = outcome.exit_status
+    if status == 0 and report is not None and _fails(report, fail_on):
+        status = EXIT_FINDINGS
+    raise typer.Exit(status)
+
+
+def _misplaced_options(ctx: typer.Context, request: ProfileRequest, outcome: ProfileOutcome) -> str | None:
+    """When the script refused its arguments (status 2) and gpudoctor's options are among them: where they go."""
+    if outcome.ending != "exit" or outcome.exit_status != 2:
+        return None
+    options = _profile_options(ctx.command)
+    for name in ("-m", "--module"):  # a module is not an option of the script's run: it replaces the script
+        options.pop(name)
+    own, kept = _split_options(request.args, options)
+    if not own:
+        return None
+    typed = ctx.meta[PROFILE_ARGS]
+    before_args = typed[:len(typed) - len(request.args)]  # the script's arguments are the end of what was typed
+    target = _target_start(before_args)  # the moved options go last before it, so that they win over earlier ones
+    names = list(dict.fromkeys(option[0].split("=", 1)[0] for option in own))
+    which = "is a gpudoctor option, which goes" if len(names) == 1 else "are gpudoctor options, which go"
+    moved = [arg for option in own for arg in option]
+    fixed = shlex.join(["gpudoctor", "profile", *before_args[:target], *moved, *before_args[target:], *kept])
+    target_kind = "module" if request.module else "script"
+    return (f"{request.module or request.script} exited with status 2; {_and(names)} {which} before the "
+            f"{target_kind}: {fixed}")
+
+
+def _target_start(before_args: list[str]) -> int:
+    """Where SCRIPT, `-- SCRIPT` or `-m MODULE` starts among the arguments typed before the script's own."""
+    last = len(before_args) - 1
+    return last - 1 if last > 0 and before_args[last - 1] in ("--", "-m", "--module") else last
+
+
+def _split_options(args: list[str], options: dict[str, bool]) -> tuple[list[list[str]], list[str]]:
+    """gpudoctor's options among `args`, each with its value, and the arguments left."""
+    own: list[list[str]] = []
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        name = args[i].split("=", 1)[0]
+        width = (2 if options[name] and "=" not in args[i] else 1) if name in options else 0
+        if width:
+            own.append(args[i:i + width])
+        else:
+            kept.append(args[i])
+        i += width or 1
+    return own, kept
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration_s(text: str | None) -> float | None:
+    """'90', '90s', '10m', '1.5h' in seconds."""
+    if text is None:
+        return None
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a duration: write a number of seconds, or e.g. 90s, 10m, 1h.",
+                                 param_hint="--every") from None
+    if not seconds > 0:
+        raise typer.BadParameter(f"{text!r} must be longer than zero.", param_hint="--every")
+    return seconds
