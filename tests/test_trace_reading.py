@@ -1,8 +1,9 @@
 """Reading a trace in chunks (gpudoctor.bundle.trace_stream.TraceStream) and parsing it compactly
 (analysis.trace.parse_trace).
 
-Whatever the chunk size, the layout of the JSON or the parser's path (events picked out of the bytes, or whole
-chunks parsed), the result must be what a plain json.loads of the whole file gives.
+Whatever the chunk size, the layout of the JSON or the parser's path (chunks decoded into Structs, events picked
+out of the bytes, or whole chunks parsed into dicts), the result must be what a plain json.loads of the whole file
+gives: the views computed straight from it, and every record the builder makes of its dicts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpudoctor.analysis import Run
+from gpudoctor.analysis import Run, trace
 from gpudoctor.analysis.trace import SYNC_RUNTIME, TraceData, parse_trace
 from gpudoctor.bundle import trace_stream
 from gpudoctor.errors import BundleError
@@ -51,6 +52,35 @@ def _reference(raw: dict[str, Any]) -> dict[str, Any]:
 def _views(data: TraceData) -> dict[str, Any]:
     return {"gpu": [(o.name, o.start, o.end) for o in data.gpu_ops],
             "syncs": [(r.name, r.start, r.end) for r in data.runtime if r.name in SYNC_RUNTIME], "steps": data.steps}
+
+
+def _records(data: TraceData) -> dict[str, Any]:
+    """Everything a parse keeps, as plain tuples."""
+    return {"gpu_ops": _rows(data.gpu_ops), "runtime": _rows(data.runtime), "annotations": _rows(data.annotations),
+            "python": _rows(data.python), "ops": _rows(data.ops), "steps": data.steps,
+            "device_properties": data.device_properties, "detail": data.detail}
+
+
+def _straight(raw: dict[str, Any] | list[Any], path: Path, detail: bool) -> TraceData:
+    """The whole JSON, parsed at once, through the builder's rules for dicts (the reader before Structs)."""
+    trace_obj = raw if isinstance(raw, dict) else {"traceEvents": raw}
+    meta = {k: v for k, v in trace_obj.items() if k != "traceEvents"}
+    return trace._parse(path, iter([trace_obj["traceEvents"]]), meta, detail)
+
+
+@pytest.fixture
+def decoded(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many chunks decoded into Structs ("typed") and how many did not ("fallback")."""
+    counts = {"typed": 0, "fallback": 0}
+    decode = trace_stream.TypedEvents.decode
+
+    def counted(self: trace_stream.TypedEvents[Any], data: bytes) -> list[Any] | None:
+        events = decode(self, data)
+        counts["typed" if events is not None else "fallback"] += 1
+        return events
+
+    monkeypatch.setattr(trace_stream.TypedEvents, "decode", counted)
+    return counts
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +143,7 @@ def test_any_layout_in_any_chunks_reads_as_json_loads(raw: dict[str, Any], tmp_p
     data = parse_trace(_write(tmp_path / f"trace{suffix}", text), detail=detail)
     expected = raw if layout != "bare_list" else {"traceEvents": events}
     assert _views(data) == _reference(expected)
+    assert _records(data) == _records(_straight(expected, data.path, detail))
 
 
 def test_awkward_events_are_parsed_whole_not_lost(raw: dict[str, Any], tmp_path: Path, small_chunks: None) -> None:
@@ -122,6 +153,7 @@ def test_awkward_events_are_parsed_whole_not_lost(raw: dict[str, Any], tmp_path:
     text = json.dumps({**raw, "traceEvents": events}, indent=1)
     data = parse_trace(_write(tmp_path / "trace.json.gz", text), detail=False)
     assert _views(data) == _reference({**raw, "traceEvents": events})
+    assert _records(data) == _records(_straight({**raw, "traceEvents": events}, data.path, False))
 
 
 def _made_awkward(i: int, e: dict[str, Any]) -> dict[str, Any]:
@@ -137,6 +169,72 @@ def _made_awkward(i: int, e: dict[str, Any]) -> dict[str, Any]:
         e["args"] = {"list": [{"a": 1}, {"b": 2}], **(e.get("args") or {})}
         e["name"] = name
     return e
+
+
+RECORDED = sorted((ROOT / "fixtures" / "bundles").glob("*/trace.json.gz"))
+
+
+@pytest.mark.parametrize("detail", [True, False])
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.parent.name)
+def test_every_recorded_trace_decodes_into_structs_as_a_straight_parse(
+        path: Path, detail: bool, decoded: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_stream, "CHUNK_BYTES", 64 << 10)
+    with gzip.open(path, "rb") as f:
+        raw = json.loads(f.read())
+    data = parse_trace(path, detail=detail)
+    assert _records(data) == _records(_straight(raw, path, detail))
+    assert decoded["typed"] > 0 and decoded["fallback"] == 0, decoded  # no chunk of a recorded trace falls back
+
+
+def _made_odd(i: int, e: dict[str, Any]) -> Any:
+    """Event number i with a value of another type than the Structs take, which the rules for dicts keep (converted)
+    or skip; or, now and then, something that is not an event at all."""
+    cat, rule = e.get("cat"), i % 17
+    if i % 211 == 0:
+        return [7, None, "event", [], {"ph": 1}][i % 5]
+    if cat == "kernel":
+        args = e.get("args") or {}
+        changes = [{"ts": str(e.get("ts"))}, {"args": {**args, "device": "0"}}, {"args": {**args, "stream": None}},
+                   {"pid": True, "args": {k: v for k, v in args.items() if k != "device"}}, {"args": []},
+                   {"args": [1]}, {"dur": None}, {"name": 5}, {"args": {**args, "bytes": 1.5}},
+                   {"ts": 9007199254740993}, {"cat": ["kernel"]}, {"dur": True}]
+        return {**e, **changes[rule]} if rule < len(changes) else e
+    if cat == "cuda_runtime" and e.get("name") in SYNC_RUNTIME and rule < 3:
+        return {**e, "tid": ["x", "not hashable", {"a": 1}][rule]}
+    if cat == "user_annotation" and rule < 2:
+        return {**e, "dur": [True, "1.5"][rule]}
+    if cat == "python_function" and rule == 0:
+        return {**e, "args": {**(e.get("args") or {}), "Python id": "7"}}
+    if "ts" in e and rule == 5:
+        return {k: v for k, v in e.items() if k != "ts"}
+    return e
+
+
+@pytest.mark.parametrize("detail", [True, False])
+def test_chunks_the_structs_cannot_take_are_read_as_dicts_by_the_same_rules(
+        raw: dict[str, Any], tmp_path: Path, small_chunks: None, decoded: dict[str, int], detail: bool) -> None:
+    events = [_made_odd(i, e) for i, e in enumerate(raw["traceEvents"])]
+    odd = {**raw, "traceEvents": events}
+    data = parse_trace(_write(tmp_path / "trace.json.gz", json.dumps(odd, indent=1)), detail=detail)
+    assert _records(data) == _records(_straight(odd, data.path, detail))
+    assert decoded["typed"] > 0 and decoded["fallback"] > 0, decoded
+    assert any(isinstance(op.name, int) for op in data.gpu_ops) and any(op.bytes == 1.5 for op in data.gpu_ops)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("dur", "-5"), ("dur", "-0.001"), ("dur", "Infinity"), ("dur", "NaN"), ("dur", "1e400"), ("dur", "null"),
+    ("dur", '"x"'), ("ts", "1e400"), ("ts", "-1e400"), ("ts", "NaN"), ("ts", "null"), ("ts", "[1]"),
+])
+def test_a_kernel_without_a_finite_start_or_duration_is_left_out_on_every_path(
+        raw: dict[str, Any], tmp_path: Path, small_chunks: None, key: str, value: str) -> None:
+    """Negative durations decode into the Structs and are skipped there; the rest fall back to dicts (or, for what
+    orjson refuses, to the whole file read by the json module) and are skipped there."""
+    text = json.dumps(raw, indent=1)
+    at = text.index(f'"{key}": ', text.rindex("{", 0, text.index('"cat": "kernel"')))
+    bad = text[:at] + f'"{key}": {value}, "was": ' + text[at + len(key) + 4:]
+    data = parse_trace(_write(tmp_path / "trace.json.gz", bad), detail=False)
+    assert data.gpu_ops and all(0 <= op.dur < 1e3 for op in data.gpu_ops)
+    assert len(data.gpu_ops) == len(parse_trace(FIXTURE, detail=False).gpu_ops) - 1
 
 
 def test_a_truncated_gzip_trace_says_so(tmp_path: Path, small_chunks: None) -> None:

@@ -3,10 +3,14 @@
 Times are converted to seconds since the epoch (the trace's `baseTimeNanoseconds` plus each event's
 microsecond `ts`) so that they line up with the instrumentation events and the samplers.
 
-The trace is read in chunks of a few MB (`gpudoctor.bundle.TraceStream`), so memory stays a small
+The trace is read in chunks of about a MB (`gpudoctor.bundle.TraceStream`), so memory stays a small
 fraction of the trace's size as JSON. A big trace (over DETAIL_MAX_BYTES of JSON) keeps only what the
 views use: GPU ops, synchronizing CUDA calls, and the step, gpudoctor and DataLoader annotations; a
 small one keeps every CUDA runtime call, operator and Python frame as well (`TraceData.detail`).
+
+Each chunk is decoded into `_Event` Structs (the keys the views use, nothing else built) and the GPU ops are made
+from them in one loop; a chunk those Structs cannot take (an unexpected type somewhere in it) is read as dicts
+instead, by the same rules, so both give the same records.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from gpudoctor.bundle import EventFilter, TraceNotStreamable, TraceStream, read_trace
-from gpudoctor.bundle.trace_stream import json_size
+from gpudoctor.bundle.trace_stream import TypedEvents, json_size
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
@@ -27,6 +34,7 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 SYNC_RUNTIME = frozenset((*SYNC_CALLS, "cudaMemcpy"))  # the runtime calls the views use (sync stalls)
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 DETAIL_MAX_BYTES = 32 << 20  # JSON size up to which every host event is kept
+RUNTIME_CATEGORIES = frozenset(("cuda_runtime", "cuda_driver"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,37 @@ class HostSpan:
         return self.end - self.start
 
 
+class _Args(msgspec.Struct, gc=False):
+    """The keys of an event's args that the views use. UNSET: the key is absent (a GPU op's device and stream then
+    come from the event's pid and tid)."""
+
+    device: int | msgspec.UnsetType | None = msgspec.UNSET
+    stream: int | msgspec.UnsetType | None = msgspec.UNSET
+    bytes: int | None = None
+    correlation: int | None = None
+    python_id: int | None = msgspec.field(default=None, name="Python id")
+    python_parent: int | None = msgspec.field(default=None, name="Python parent id")
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The keys of a trace event that the views use; msgspec skips every other one without building it. pid and tid
+    are whatever the trace holds (a number, or a name such as "Spans")."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    # No ts: NaN, not finite, so the event is skipped. A null, like any other unexpected type, does not decode
+    # here: its chunk is then read as dicts.
+    ts: float = math.nan
+    dur: float = 0.0
+    pid: Any = 0
+    tid: Any = 0
+    args: _Args | None = None
+
+
 @dataclass
 class TraceData:
     path: Path
@@ -95,9 +134,7 @@ def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
     try:
         try:
             stream = TraceStream(path, progress)
-            select = None if detail else EventFilter(
-                _categories(False), {"cuda_runtime": SYNC_RUNTIME, "cuda_driver": SYNC_RUNTIME})
-            return _parse(path, stream.batches(select), stream.meta, detail)
+            return _parse(path, stream.batches(_select(detail)), stream.meta, detail)
         except TraceNotStreamable:  # a layout the chunked reader does not follow, or a corrupt trace
             raw = read_trace(path)  # raises BundleError saying what is wrong, if anything is
             events = raw.pop("traceEvents")
@@ -108,25 +145,41 @@ def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
             close()
 
 
+def _select(detail: bool) -> TypedEvents[_Event]:
+    """Each chunk decoded into _Event Structs; where that fails, picked (a big trace) or parsed into dicts."""
+    picker = None if detail else EventFilter(_categories(False), dict.fromkeys(RUNTIME_CATEGORIES, SYNC_RUNTIME))
+    return TypedEvents(_Event, picker)
+
+
 def _parse(path: Path, batches: Iterable[list[Any]], meta: dict[str, Any], detail: bool) -> TraceData:
     data = TraceData(path=path, detail=detail)
     builder: _Builder | None = None
-    pending: list[Any] = []  # when baseTimeNanoseconds comes after the events, they wait for it
+    pending: list[list[Any]] = []  # when baseTimeNanoseconds comes after the events, they wait for it
+    wanted = _categories(detail)
     for batch in batches:
         if builder is None and "baseTimeNanoseconds" in meta:
             builder = _Builder(data, float(meta["baseTimeNanoseconds"]) / 1e9, detail)
         if builder is None:
-            pending.extend(e for e in batch if type(e) is dict and e.get("ph") == "X")
+            pending.append([e for e in batch if _may_keep(e, wanted)])
         else:
             builder.add(batch)
     if builder is None:
         builder = _Builder(data, float(meta.get("baseTimeNanoseconds", 0)) / 1e9, detail)
-    builder.add(pending)
+    for batch in pending:
+        builder.add(batch)
     data.device_properties = meta.get("deviceProperties", [])
+    by_start = attrgetter("start")
     for spans in (data.runtime, data.annotations, data.python, data.ops):
-        spans.sort(key=lambda s: s.start)
-    data.gpu_ops.sort(key=lambda o: o.start)
+        spans.sort(key=by_start)
+    data.gpu_ops.sort(key=by_start)
     return data
+
+
+def _may_keep(event: Any, wanted: frozenset[str]) -> bool:
+    """A complete event ("ph": "X", the only kind the views use); a decoded one also of a category they use."""
+    if type(event) is _Event:
+        return event.ph == "X" and event.cat in wanted
+    return type(event) is dict and event.get("ph") == "X"
 
 
 def _categories(detail: bool) -> frozenset[str]:
@@ -143,6 +196,71 @@ class _Builder:
         self.names: dict[str, str] = {}
 
     def add(self, events: list[Any]) -> None:
+        """Add a batch: _Event Structs (a chunk decoded whole) or dicts (parsed, or picked), never both."""
+        if events and type(events[0]) is _Event:
+            self._add_typed(events)
+        else:
+            self._add_dicts(events)
+
+    def _add_typed(self, events: list[_Event]) -> None:
+        """The batch's GPU ops built in the loop (most events of a GPU-heavy trace), the other events it keeps by
+        _add_host. Each value is converted and checked as _add_event does, so both give the same records."""
+        gpu_kind, host, add_host = GPU_CATEGORIES.get, self.wanted.difference(GPU_CATEGORIES), self._add_host
+        base, intern, ops, inf, unset = self.base, self.names.setdefault, self.data.gpu_ops, math.inf, msgspec.UNSET
+        for e in events:
+            if e.ph != "X":
+                continue
+            kind = gpu_kind(e.cat)
+            if kind is None:
+                if e.cat in host:
+                    add_host(e)
+                continue
+            start, dur, args = base + e.ts / 1e6, e.dur / 1e6, e.args or _NO_ARGS
+            if not (-inf < start < inf and 0.0 <= dur < inf):
+                continue  # NaN (no ts), infinite or negative: a malformed event, skipped like any other
+            device = e.pid if args.device is unset else args.device
+            stream = e.tid if args.stream is unset else args.stream
+            if type(device) is not int or type(stream) is not int:
+                try:
+                    device, stream = int(device or 0), int(stream or 0)
+                except (TypeError, ValueError, OverflowError):
+                    continue
+            name = e.name
+            ops.append(GpuOp(kind, intern(name, name), start, start + dur, device, stream, args.bytes,
+                             args.correlation))
+
+    def _add_host(self, e: _Event) -> None:
+        """A CUDA runtime call, an annotation, an operator or a Python frame, as _add_event takes it."""
+        name, detail = e.name, self.detail
+        if not detail and e.cat in RUNTIME_CATEGORIES and name not in SYNC_RUNTIME:
+            return
+        if not detail and e.cat == "user_annotation" and not _kept_annotation(name):
+            return
+        start, dur = self.base + e.ts / 1e6, e.dur / 1e6
+        if not (math.isfinite(start) and 0.0 <= dur < math.inf):
+            return
+        try:
+            self._add_span(e, self.names.setdefault(name, name), start, start + dur)
+        except (TypeError, ValueError, OverflowError):
+            return  # a tid that is neither a number nor hashable
+
+    def _add_span(self, e: _Event, name: str, start: float, end: float) -> None:
+        data, cat, args = self.data, e.cat, e.args or _NO_ARGS
+        if cat in RUNTIME_CATEGORIES:
+            data.runtime.append(HostSpan("runtime", name, start, end, _tid_of(e.tid), correlation=args.correlation))
+        elif cat == "user_annotation":
+            match = _STEP.match(name)
+            if match:
+                data.steps[int(match.group(1))] = (start, end)
+            else:
+                data.annotations.append(HostSpan("annotation", name, start, end, _tid_of(e.tid)))
+        elif cat == "python_function":
+            data.python.append(HostSpan("python", name, start, end, _tid_of(e.tid), python_id=args.python_id,
+                                        python_parent=args.python_parent))
+        elif cat == "cpu_op":
+            data.ops.append(HostSpan("op", name, start, end, _tid_of(e.tid)))
+
+    def _add_dicts(self, events: list[Any]) -> None:
         wanted, add_event = self.wanted, self._add_event
         for event in events:
             if type(event) is not dict:
@@ -199,7 +317,10 @@ def _kept_annotation(name: str) -> bool:
 
 
 def _tid(event: dict[str, Any]) -> int:
-    tid = event.get("tid", 0)
+    return _tid_of(event.get("tid", 0))
+
+
+def _tid_of(tid: Any) -> int:
     return tid if isinstance(tid, int) else hash(tid)
 
 
