@@ -12,7 +12,7 @@ import pytest
 from conftest import Gpudoctor
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.trace import parse_trace
-from gpudoctor.bundle import jsonio, trace_stream
+from gpudoctor.bundle import jsonio, trace_file, trace_stream
 from gpudoctor.errors import BundleError
 
 TRACE = Path(__file__).resolve().parents[1] / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"
@@ -53,13 +53,13 @@ def test_deep_nesting_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("streamed", [True, False])
 def test_a_gzip_bomb_is_refused_before_it_is_inflated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       streamed: bool) -> None:
-    monkeypatch.setattr(trace_stream, "MIN_INFLATED_CAP", 1 << 20)
+    monkeypatch.setattr(trace_file, "MIN_INFLATED_CAP", 1 << 20)
     bomb = _write_gz(tmp_path / "t.json.gz", b"[" + b" " * (64 << 20) + b"]")  # 64 MB of blanks in ~64 kB
     if streamed:
         assert "gzip bomb" in _refused(bomb)
     else:
         with pytest.raises(BundleError, match="gzip bomb"):
-            trace_stream.read_trace(bomb)
+            trace_file.read_trace(bomb)
 
 
 def test_blanks_padding_a_trace_are_read_past(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,8 @@ from typing import Any
 import msgspec
 
 from gpudoctor.bundle import EventFilter, TraceNotStreamable, TraceStream, read_trace
-from gpudoctor.bundle.trace_stream import TypedEvents, json_size
+from gpudoctor.bundle.trace_file import json_size
+from gpudoctor.bundle.trace_stream import TypedEvents
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")

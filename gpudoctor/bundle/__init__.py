@@ -34,7 +34,8 @@ from gpudoctor.bundle.layout import (
 )
 from gpudoctor.bundle.manifest import Manifest, read_manifest
 from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS, GpuRow, HostRow, ProcsRow
-from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, TraceStream, read_trace
+from gpudoctor.bundle.trace_file import read_trace
+from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, TraceStream
 from gpudoctor.errors import BundleError
 
 __all__ = [

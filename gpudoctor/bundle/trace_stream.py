@@ -1,4 +1,5 @@
-"""Reading a torch.profiler (Kineto) Chrome trace: whole (`read_trace`), or chunk by chunk (`TraceStream`).
+"""Reading a torch.profiler (Kineto) Chrome trace chunk by chunk (`TraceStream`); gpudoctor.bundle.trace_file reads one
+whole (`read_trace`) and bounds what a trace may inflate to.
 
 A trace can be gigabytes of JSON. `TraceStream` reads it a few MB at a time, gzip inflated in a second
 thread, so that memory stays a small fraction of the trace's size. Each chunk of events is decoded at once
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import queue
 import re
 import threading
@@ -26,71 +26,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from gpudoctor.bundle.jsonio import loads as _loads
+from gpudoctor.bundle.trace_file import inflated_cap, too_big
 from gpudoctor.errors import BundleError
-
-# A profiler trace compresses 13 to 19 times with gzip (every trace in fixtures/): one that inflates to more
-# than MAX_INFLATION times its size, or past MAX_TRACE_BYTES, is not a trace (a gzip bomb, or padding).
-MAX_INFLATION = 200
-MIN_INFLATED_CAP = 64 << 20  # a small file may inflate further: never refuse one under this
-MAX_TRACE_BYTES = 64 << 30
-
-
-def json_size(path: Path) -> int:
-    """The size of a trace as JSON: the file's, or for .gz what its gzip trailer says (mod 4 GiB)."""
-    size = path.stat().st_size
-    if path.suffix != ".gz" or size < 18:
-        return size
-    with open(path, "rb") as f:
-        f.seek(-4, os.SEEK_END)
-        return int.from_bytes(f.read(4), "little")
-
-
-def inflated_cap(path: Path) -> int:
-    """How many bytes of JSON the trace at `path` may hold once inflated."""
-    size = path.stat().st_size
-    if path.suffix != ".gz":
-        return MAX_TRACE_BYTES
-    return min(MAX_TRACE_BYTES, max(MIN_INFLATED_CAP, MAX_INFLATION * size))
-
-
-def too_big(path: Path, cap: int) -> BundleError:
-    return BundleError(f"{path} inflates to more than {cap / 1e6:,.0f} MB of JSON, {MAX_INFLATION} times its "
-                       "size or more: it is not a profiler trace (a gzip bomb, or padded).")
-
-
-def read_trace(path: Path) -> dict[str, Any]:
-    """Load a Chrome trace (.json or .json.gz) and check it is one; raise BundleError saying what is wrong."""
-    cap = inflated_cap(path)
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                raw = f.read(cap + 1)
-        else:
-            raw = path.read_bytes()
-    except (EOFError, OSError, zlib.error) as exc:
-        raise BundleError(f"{path} is truncated or not gzip: {exc}.") from None
-    if len(raw) > cap:
-        raise too_big(path, cap)
-    trace = _parse_whole(path, raw)
-    if isinstance(trace, list):
-        trace = {"traceEvents": trace}
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise BundleError(f"{path} is JSON but not a Chrome trace: it has no traceEvents list.")
-    return trace
-
-
-def _parse_whole(path: Path, raw: bytes) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise BundleError(f"{path} is not a complete JSON trace ({exc.msg} at byte {exc.pos}).") from None
-    except UnicodeDecodeError as exc:
-        raise BundleError(f"{path} is not a JSON trace: byte {exc.start} is not UTF-8 text.") from None
-    except RecursionError:
-        raise BundleError(f"{path} is not a profiler trace: its JSON is nested too deeply.") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise BundleError(f"{path} is not a profiler trace: {exc}.") from None
-
 
 # -- reading a big trace in chunks -----------------------------------------------------------------
 CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size (4 MB cost 12 MB

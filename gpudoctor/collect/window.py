@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 from gpudoctor.bundle import PARTIAL_TRACE, trace_name
 from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
-from gpudoctor.bundle.trace_stream import json_size
+from gpudoctor.bundle.trace_file import json_size
 from gpudoctor.collect.config import WindowConfig
 
 # The smallest trace torch.profiler writes (its header and deviceProperties alone) is hundreds of bytes.
