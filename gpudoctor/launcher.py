@@ -165,7 +165,8 @@ def _base_manifest(request: ProfileRequest, samplers: Samplers) -> Manifest:
                       affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
                       memory_total=_total_memory()),
         gpus=samplers.gpus, driver=samplers.driver,
-        window=WindowSettings(wait=window.wait, warmup=window.warmup, active=window.active, every_s=window.every_s),
+        window=WindowSettings(wait=window.wait, warmup=window.warmup, active=window.active, detail=window.detail,
+                              every_s=window.every_s),
         max_steps=request.max_steps, with_stack=request.with_stack, timeout_s=request.timeout_s,
         collectors=dict(samplers.collectors),
     )

@@ -26,8 +26,9 @@ def _pinned_copy_bps(run: Run) -> float | None:
 
 
 def _per_step(run: Run) -> tuple[int, float]:
+    """How many steps the call sites add up (`run.site_steps`), and the analysed steps' mean wall time."""
     steps = run.require_steps()
-    return len(steps), statistics.fmean(s.wall_s for s in steps)
+    return run.site_steps, statistics.fmean(s.wall_s for s in steps)
 
 
 def _copy_evidence(site: CopySite, steps: int) -> dict[str, object]:
@@ -130,9 +131,9 @@ SYNC_FIXES = {
 }
 
 
-def _stall_share(run: Run, wall: float, steps: int) -> float | None:
-    stall = run.sync_stall_s
-    return None if stall is None else stall / (wall * steps)
+def _stall_share(run: Run, wall: float) -> float | None:
+    stall = run.sync_stall_s  # summed over the analysed steps
+    return None if stall is None else stall / (wall * len(run.steps))
 
 
 @rule("GD211", "sync-in-step", category="sync_point")
@@ -159,7 +160,7 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     steps, wall = _per_step(run)
     sites: list[SyncSite] = run.syncs
     calls = sum(s.count for s in sites) or 1
-    stall = _stall_share(run, wall, steps)
+    stall = _stall_share(run, wall)
     for site in sites:
         blocked = site.host_s / steps / wall
         impact = blocked if stall is None else stall * site.count / calls

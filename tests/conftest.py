@@ -28,7 +28,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 E = TypeVar("E", bound=AnyEvent)
 
 # A small profiling window, so that a trace is written after a handful of steps.
-WINDOW = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2")
+WINDOW = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2", "--detail-steps", "1")
 RUN_TIMEOUT_S = 180  # a test that hangs fails instead of blocking the suite
 
 

@@ -60,7 +60,7 @@ def test_options_before_the_script_are_gpudoctors_and_after_are_the_scripts(gd: 
     profiled = _under_gpudoctor(gd, local_script, "--timeout", "60", "--max-steps", "5", options=WINDOW)
     assert profiled["argv"] == [local_script, "--timeout", "60", "--max-steps", "5"]
     manifest = json.loads((gd.cwd / "run" / "manifest.json").read_text())
-    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2, "every_s": None}
+    assert manifest["window"] == {"wait": 1, "warmup": 1, "active": 2, "detail": 1, "every_s": None}
     assert manifest["timeout_s"] is None and manifest["max_steps"] is None
     assert manifest["target"]["args"] == ["--timeout", "60", "--max-steps", "5"]
 
@@ -123,3 +123,15 @@ def test_threads(gd: Gpudoctor) -> None:
     assert "threads: [499500, 1999000, 4498500]" in result.stdout
     names = {e.name for e in result.events(ThreadStartEvent)}
     assert {"worker-1", "worker-2", "worker-3"} <= names
+
+
+def test_steps_that_end_on_worker_threads_never_start_the_profiler_there(gd: Gpudoctor) -> None:
+    # Kineto started from a thread other than the one it registered on can crash the process, and hooks that go on
+    # while a thread is inside a forward must not fail it: the script ends as it would alone, every time.
+    for attempt in range(3):
+        result = gd.profile(script("pool_forwards.py"), "--requests", "300", out=f"run-{attempt}")
+        assert result.returncode == 0, result
+        assert "pool_forwards: 300 answers" in result.stdout
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.manifest()["collectors"]["profiler"]["reason"].startswith("the steps end on threads other")
+        assert result.findings()["run"]["step_source"] == "forward"

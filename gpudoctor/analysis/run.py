@@ -14,7 +14,7 @@ from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.sites import copy_sites, sync_sites
-from gpudoctor.analysis.steps import StepBuilder
+from gpudoctor.analysis.steps import StepBuilder, gil_stats
 from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
     CopySite,
@@ -143,7 +143,7 @@ class Run:
     @cached_property
     def _steps(self) -> StepBuilder:
         opened = [e for e in self.events(WindowEvent) if e.state == "opened"]
-        return StepBuilder(self.trace, self.gpu, (opened[-1].first_step or 0) if opened else 0)
+        return StepBuilder(self.trace, self.gpu, (opened[-1].first_step or 0) if opened else 0, self.window)
 
     @cached_property
     def all_steps(self) -> list[Step]:
@@ -214,11 +214,11 @@ class Run:
         return self.steps
 
     def require_gil(self) -> list[GilStats]:
-        """The GIL probe's figures over the analysed steps (it runs while the profiling window records)."""
-        figures = [s.gil for s in self.require_steps() if s.gil is not None]
+        """The GIL probe's figures over the hooked steps (it runs in the window's detail steps)."""
+        self.require_steps()
+        figures = [f for f in (gil_stats(e.gil) for e in self._hooked_step_events) if f is not None]
         if not figures:
-            raise NotEvaluated("the GIL probe recorded nothing in the analysed steps (it runs inside the "
-                               "profiling window)")
+            raise NotEvaluated("the GIL probe recorded nothing (it runs in the profiling window's detail steps)")
         return figures
 
     # -- GPU -------------------------------------------------------------------------------------
@@ -271,17 +271,29 @@ class Run:
         return LoaderView([_loader_info(e) for e in self.events(LoaderEvent)])
 
     @cached_property
-    def _analysed_step_events(self) -> list[StepEvent]:
+    def _hooked_step_events(self) -> list[StepEvent]:
+        """The steps gpudoctor's per-call hooks watched: the window's detail steps, after the profiled ones
+        (in bundles recorded before there were detail steps, the analysed steps themselves)."""
+        detail = [e for e in self._whole.steps_of(self.window) if e.window == "detail"]
+        if detail:
+            return detail
         analysed = {s.index for s in self.steps}
         return list(self._whole.steps_of(self.window, analysed))
 
+    @property
+    def site_steps(self) -> int:
+        """How many steps `copies` and `syncs` add up: divide their counts and times by it for figures per step."""
+        return len(self._hooked_step_events) or len(self.steps) or 1
+
     @cached_property
     def copies(self) -> list[CopySite]:
-        return copy_sites(self._analysed_step_events)
+        """Host<->device copies per line of the script, summed over the `site_steps` hooked steps."""
+        return copy_sites(self._hooked_step_events)
 
     @cached_property
     def syncs(self) -> list[SyncSite]:
-        return sync_sites(self._analysed_step_events)
+        """Synchronizing calls per line of the script, summed over the `site_steps` hooked steps."""
+        return sync_sites(self._hooked_step_events)
 
     # -- threads, processes, forks ---------------------------------------------------------------
     @cached_property

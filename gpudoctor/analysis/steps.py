@@ -20,15 +20,19 @@ class _GpuFields(TypedDict, total=False):
     kernels: int
 
 
-class StepBuilder:
-    """Makes `Step` views for one window's Run: `first_step` is the step its trace calls ProfilerStep#0."""
+PROFILED = ("warmup", "active")  # the window states whose steps the profiler recorded
 
-    def __init__(self, trace: TraceData | None, gpu: GpuView | None, first_step: int) -> None:
-        self.trace, self.gpu, self.first_step = trace, gpu, first_step
+
+class StepBuilder:
+    """Makes `Step` views for one window's Run (number `window`): `first_step` is the step its trace calls
+    ProfilerStep#0, when the trace has such ranges (bundles recorded with a profiler schedule)."""
+
+    def __init__(self, trace: TraceData | None, gpu: GpuView | None, first_step: int, window: int = 0) -> None:
+        self.trace, self.gpu, self.first_step, self.window = trace, gpu, first_step, window
 
     def from_event(self, event: StepEvent) -> Step:
         start, wall = event.t0, event.wall_s
-        trace_range = self._trace_range(event.step - self.first_step)
+        trace_range = self._trace_range(event)
         if trace_range is not None:  # the trace's clock, so that GPU activity lines up exactly
             start, wall = trace_range[0], trace_range[1] - trace_range[0]
         phases = event.phases
@@ -38,7 +42,7 @@ class StepBuilder:
             optimizer_s=phases.optimizer if phases else None,
             copy_s=sum(c.host_s for c in event.copies) if event.copies is not None else None,
             sync_s=sum(s.host_s for s in event.syncs) if event.syncs is not None else None,
-            gil=_gil(event.gil), cuda_memory=event.cuda_memory,
+            gil=gil_stats(event.gil), cuda_memory=event.cuda_memory,
             **self._gpu_fields(start, start + wall, trace_range is not None),
         )
 
@@ -55,10 +59,18 @@ class StepBuilder:
                               **self._gpu_fields(start, end, True)))
         return steps
 
-    def _trace_range(self, trace_step: int) -> tuple[float, float] | None:
-        if self.trace is None or trace_step < 0:
+    def _trace_range(self, event: StepEvent) -> tuple[float, float] | None:
+        """Where the step lies on the trace's clock: its ProfilerStep range, or else, for a step the profiler
+        recorded, its own start and length (the recorder's time.time() and the trace's clock agree to tens of
+        microseconds: bench/profiler_cost.py)."""
+        if self.trace is None:
             return None
-        return self.trace.steps.get(trace_step)
+        if self.trace.steps:
+            trace_step = event.step - self.first_step
+            return self.trace.steps.get(trace_step) if trace_step >= 0 else None
+        if event.window in PROFILED and event.window_index == self.window:
+            return event.t0, event.t0 + event.wall_s
+        return None
 
     def _gpu_fields(self, start: float, end: float, in_trace: bool) -> _GpuFields:
         if self.gpu is None or not in_trace:
@@ -70,7 +82,7 @@ class StepBuilder:
         }
 
 
-def _gil(summary: GilSummary | None) -> GilStats | None:
+def gil_stats(summary: GilSummary | None) -> GilStats | None:
     if summary is None:
         return None
     return GilStats(summary.samples, summary.mean_s, summary.p95_s, summary.max_s)

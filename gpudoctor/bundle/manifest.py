@@ -49,6 +49,7 @@ class WindowSettings(Record, frozen=True):
     wait: Count = 5
     warmup: Count = 2
     active: Count = 5
+    detail: Count = 0  # steps with gpudoctor's hooks after the active ones (bundles before them had none)
     every_s: Seconds | None = None
 
 

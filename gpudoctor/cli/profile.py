@@ -94,13 +94,16 @@ def profile(
     warmup_steps: Annotated[int, typer.Option(
         metavar="N", help="Profiler warm-up steps (recorded, not analysed).", min=0)] = WindowConfig.warmup,
     active_steps: Annotated[int, typer.Option(
-        metavar="N", help="Steps recorded and analysed.", min=1)] = WindowConfig.active,
+        metavar="N", help="Steps timed and analysed (GPU activity only, at full speed).", min=1)] = WindowConfig.active,
+    detail_steps: Annotated[int, typer.Option(
+        metavar="N", help="Steps after those with call-site and phase hooks, for the lines of code to blame.",
+        min=0)] = WindowConfig.detail,
     max_steps: Annotated[int | None, typer.Option(
         metavar="N", help="Stop the script cleanly after N steps.", min=1)] = None,
     timeout: Annotated[float | None, typer.Option(
         metavar="SECONDS", help="Stop the script after this many seconds.", min=0.1)] = None,
     with_stack: Annotated[bool, typer.Option(
-        "--with-stack", help="Record Python call stacks in the trace (slower, larger).")] = False,
+        "--with-stack", help="Record operators and Python call stacks in the trace (slows the timed steps).")] = False,
     every: Annotated[str | None, typer.Option(
         help="Profile again every DURATION (e.g. 10m, 90s, 1h) while the script runs; the report compares the windows.",
         metavar="DURATION", show_default=False)] = None,
@@ -119,7 +122,9 @@ def profile(
         script = None
     request = ProfileRequest(
         script=script, module=module, args=args, out=out,
-        window=WindowConfig(wait_steps, warmup_steps, active_steps, _duration_s(every)), max_steps=max_steps,
+        window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
+                            every_s=_duration_s(every)),
+        max_steps=max_steps,
         timeout_s=timeout, with_stack=with_stack,
     )
     # The rules are loaded and checked before the script runs, so that a bad rule file costs no run.

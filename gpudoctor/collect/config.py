@@ -8,7 +8,13 @@ from dataclasses import asdict, dataclass
 
 @dataclass(frozen=True)
 class WindowConfig:
-    """The profiling window, in steps: skip `wait`, warm up for `warmup`, record `active`.
+    """The profiling window, in steps: skip `wait`, warm up for `warmup`, time `active`, then attribute `detail`.
+
+    The warm-up and active steps run under torch.profiler recording GPU activity only, with gpudoctor's
+    per-call hooks off, so that they run as fast as the steps outside the window: their times and the GPU's
+    activity in them are what the figures come from. The `detail` steps that follow run without the
+    profiler but with the hooks (copy and sync call sites, forward/backward phases, the GIL probe): they
+    say which lines of the script the time goes to.
 
     With `every_s`, the window opens again (warm-up and active steps, no wait) at the first step that
     starts `every_s` seconds or more after the previous window opened, for as long as the script runs.
@@ -17,7 +23,13 @@ class WindowConfig:
     wait: int = 5
     warmup: int = 2
     active: int = 5
+    detail: int = 5
     every_s: float | None = None
+
+    @property
+    def length(self) -> int:
+        """Steps from the window's opening to its end: warm-up, active and detail."""
+        return self.warmup + self.active + self.detail
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Instrumentation installed in the script's process before the script runs.
 
 Always on, because each costs one Python call per step or less: step detection (optimizer hooks,
-DataLoader batches), data-wait timing, loader settings, thread starts and forks. Only while the profiler
-window records: phase timing (forward, backward), host<->device copy and synchronization call sites, and
-the GIL probe, since those wrap calls that a step makes many times.
+DataLoader batches), data-wait timing, loader settings, thread starts and forks. Only in the window's
+detail steps, after the profiled ones: phase timing (forward, backward), host<->device copy and
+synchronization call sites, and the GIL probe, since those wrap calls that a step makes many times and
+would slow the steps whose times the figures come from.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class Instrumentation:
         self._in_window = Patches()
         self._window_hooks: list[Any] = []
         self._step_hooks: list[Any] = []  # module hooks that find steps (removed at the end)
-        self._local = threading.local()  # per-thread: forward depth, re-entrancy guard
+        self._local = threading.local()  # per-thread: the optimizer step's start, re-entrancy guard
         self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay)
         self._loaders_seen: set[int] = set()
         recorder.on_window_change(self._on_window_change)
@@ -162,13 +163,13 @@ class Instrumentation:
         optimizer.register_optimizer_step_pre_hook(pre)
         optimizer.register_optimizer_step_post_hook(post)
 
-    # -- only while the window records -----------------------------------------------------------
-    def _on_window_change(self, recording: bool) -> None:
-        if recording and not self._window_hooks:
+    # -- only in the window's detail steps -------------------------------------------------------
+    def _on_window_change(self, hooked: bool) -> None:
+        if hooked and not self._window_hooks:
             self._install_window_hooks()
             self._probe.start()
             self.recorder.emit(_torch_runtime_facts())
-        elif not recording and self._window_hooks:
+        elif not hooked and self._window_hooks:
             self._probe.stop()
             for handle in self._window_hooks:
                 handle.remove()
@@ -186,8 +187,9 @@ class Instrumentation:
     def _forward_hooks(self) -> list[Any]:
         from torch.nn.modules import module
 
-        recorder, markers, local = self.recorder, self.recorder.markers, self._local
-
+        recorder, markers = self.recorder, self.recorder.markers
+        # Fresh for each window: a forward that a thread was in when the hooks last went off never closed.
+        local = threading.local()
         sites_seen: set[tuple[str, int]] = set()
 
         def pre(mod: Any, args: Any) -> None:
@@ -202,7 +204,10 @@ class Instrumentation:
             local.depth = depth + 1
 
         def post(mod: Any, args: Any, output: Any) -> None:
-            local.depth = depth = max(0, getattr(local, "depth", 1) - 1)
+            depth = getattr(local, "depth", 0)
+            if depth == 0:  # a forward that began before the hooks were on (in this thread): nothing to close
+                return
+            local.depth = depth = depth - 1
             if depth == 0:
                 handle, started = local.forward
                 markers.end(handle)

@@ -23,7 +23,7 @@ class Markers:
 
     def __init__(self) -> None:
         self._push, self._pop, self.nvtx_status = _nvtx_functions()
-        self.annotate = False  # set by the window while the profiler records
+        self.annotate = False  # set while the profiler records CPU operators (and so these annotations)
 
     def begin(self, phase: str) -> Any:
         self._push(phase)

@@ -41,6 +41,7 @@ from gpudoctor.collect.window import ProfilerWindow
 # forward calls (an inference loop), DataLoader batches, backward() calls (a hand-written update), the first
 # optimizer's step(), and gpudoctor.step() markers.
 SOURCE_RANK = {"forward": 1, "dataloader": 2, "backward": 3, "optimizer": 4, "marker": 5}
+IN_WINDOW = (window_states.WARMUP, window_states.ACTIVE, window_states.DETAIL)
 
 
 ExceptionDetails = tuple[str, str, "Site | None"]  # what the script raised: its type, message and where
@@ -78,15 +79,16 @@ class StepRecord:
     gil_delays: list[float] = field(default_factory=list)
 
     def to_event(self, t1: float, p1: float, source: str, cuda_memory: CudaMemory | None) -> StepEvent:
-        in_window = self.window in (window_states.WARMUP, window_states.ACTIVE)
+        in_window = self.window in IN_WINDOW
+        hooked = self.window == window_states.DETAIL  # the hooks' figures: only the detail steps have them
         return StepEvent(
             step=self.index, t0=self.t0, t1=t1, wall_s=max(0.0, p1 - self.p0), data_wait_s=self.data_wait_s,
             batches=self.batches, source=source, window=self.window,
             window_index=self.window_index if in_window else 0,
-            phases=Phases(**self.phases) if in_window else None,
-            copies=[_copy_row(k, v) for k, v in self.copies.items()] if in_window else None,
-            syncs=[_sync_row(k, v) for k, v in self.syncs.items()] if in_window else None,
-            gil=_gil_summary(self.gil_delays) if in_window else None,
+            phases=Phases(**self.phases) if hooked else None,
+            copies=[_copy_row(k, v) for k, v in self.copies.items()] if hooked else None,
+            syncs=[_sync_row(k, v) for k, v in self.syncs.items()] if hooked else None,
+            gil=_gil_summary(self.gil_delays) if hooked else None,
             cuda_memory=cuda_memory if in_window else None,
         )
 
@@ -152,7 +154,7 @@ class Recorder:
         self._disabled = True
 
     def on_window_change(self, listener: Callable[[bool], None]) -> None:
-        """Call `listener(recording)` whenever the profiler starts or stops recording."""
+        """Call `listener(hooked)` whenever the window's detail steps, those with per-call hooks, start or end."""
         self._window_listeners.append(listener)
 
     # -- step sources ----------------------------------------------------------------------------
@@ -242,14 +244,14 @@ class Recorder:
             # The next step exists at once: the GIL probe thread may record into it at any moment.
             self.current = StepRecord(self.completed, time.time(), time.perf_counter(), finished.window,
                                       finished.window_index)
-        recording_before = self.window.recording
-        in_window = finished.window in (window_states.WARMUP, window_states.ACTIVE)
-        memory = _cuda_memory() if in_window else None
+        hooked_before = self.window.attributing
+        memory = _cuda_memory() if finished.window in IN_WINDOW else None
         self.emit(finished.to_event(time.time(), time.perf_counter(), self.source or "none", memory))
         self.window.on_step_completed(self.completed)
+        self.markers.annotate = self.window.recording and self.window.cpu_ops
         self.current.window = self.window.state_for_step(self.completed)
         self.current.window_index = max(0, self.window.index)
-        if self.window.recording != recording_before:
+        if self.window.attributing != hooked_before:
             self._notify_window()
         if self.config.max_steps is not None and self.completed >= self.config.max_steps:
             self._stopping = True
@@ -258,16 +260,16 @@ class Recorder:
             raise MaxStepsReached()
 
     def close_window(self) -> None:
-        was_recording = self.window.recording
+        was_hooked = self.window.attributing
         self.window.close()
-        if was_recording:
+        self.markers.annotate = False
+        if was_hooked:
             self._notify_window()
 
     def _notify_window(self) -> None:
-        recording = self.window.recording
-        self.markers.annotate = recording
+        hooked = self.window.attributing
         for listener in self._window_listeners:
-            listener(recording)
+            listener(hooked)
 
     def _end_last_counted_step(self) -> None:
         """Steps counted by backward() or forward calls end when the next one starts: the last ends with the script."""

@@ -20,7 +20,9 @@ from gpudoctor.collect.config import WindowConfig
 
 # The smallest trace torch.profiler writes (its header and deviceProperties alone) is hundreds of bytes.
 MIN_TRACE_BYTES = 64
-WAITING, WARMUP, ACTIVE, CLOSED, FAILED = "waiting", "warmup", "active", "closed", "failed"
+WAITING, WARMUP, ACTIVE, DETAIL, CLOSED, FAILED = "waiting", "warmup", "active", "detail", "closed", "failed"
+OFF_MAIN_THREAD = ("the steps end on threads other than the main one, and torch.profiler is only started on the "
+                   "main thread: the window timed the steps and watched the calls without recording GPU activity")
 LOG = "gpudoctor.log"  # in the run directory: what torch and Kineto printed during gpudoctor's profiler calls
 # Kineto's log lines ("USDT:2026-11-23 12:02:54 11726:11726 SyncActivityProfilerHandler.cpp:52] profiler_start",
 # "ERROR:... output_json.cpp:...] ...") and c10's ("[W1123 12:02:54.123456 tensor_numpy.cpp:84] ...").
@@ -136,7 +138,14 @@ def _cuda_in_use() -> bool:
 
 
 class ProfilerWindow:
-    """Opens torch.profiler after `wait` steps, records `warmup` + `active`, exports, and lets go of it.
+    """Opens torch.profiler after `wait` steps for `warmup` + `active` steps, exports, then attributes `detail` steps.
+
+    The profiler records GPU activity only (kernels, copies, CUDA runtime calls) and is started and stopped
+    once, with no per-step call: measured on an H100 (bench/profiler_cost.py), a launch-heavy step ran 1.08-1.10x
+    its plain time so, against 1.4-1.6x with CPU operators and 1.23x with a profiler.step() at every step. The
+    steps' own clock places them on the trace. A script that does not use CUDA gets CPU operators instead, and
+    so does --with-stack, which asks for them. After the profiled steps, `detail` steps run with gpudoctor's
+    per-call hooks (`attributing`), and no profiler.
 
     With `config.every_s` it opens again, a fresh profiler each time, at the first step boundary that
     many seconds after the previous window opened; window N writes `trace_name(N)`.
@@ -151,6 +160,7 @@ class ProfilerWindow:
         self._profiler: Any = None
         self.state = WAITING
         self.cuda = False
+        self.cpu_ops = False  # the profiler open now records CPU operators (and so gpudoctor's annotations)
         self.index = -1  # the window open now, or the last one opened
         self._first_step = config.wait  # the first step of the window open now (or of the first one)
         self._opened_at = 0.0  # time.monotonic() when the last window opened
@@ -162,24 +172,28 @@ class ProfilerWindow:
             return FAILED
         if step < self._first_step:
             return WAITING if self.index < 0 else CLOSED
-        if step < self._first_step + self.config.warmup:
+        into = step - self._first_step
+        if into < self.config.warmup:
             return WARMUP
-        return ACTIVE if step < self._first_step + self.config.warmup + self.config.active else CLOSED
+        if into < self.config.warmup + self.config.active:
+            return ACTIVE
+        return DETAIL if into < self.config.length else CLOSED
 
     def on_step_completed(self, completed: int) -> None:
         if self.state == WAITING and completed >= self.config.wait:
             self._open(completed)
-        elif self._profiler is not None:
-            if self.state == CLOSED:
-                self._release()
-                if self._due():
-                    self._open(completed)
-            else:
-                with self._chatter.quiet():
-                    self._profiler.step()
-                if completed >= self._first_step + self.config.warmup and self.state == WARMUP:
-                    self.state = ACTIVE
-        elif self._due():
+            return
+        into = completed - self._first_step
+        if self.state == WARMUP and into >= self.config.warmup:
+            self.state = ACTIVE
+        if self.state == ACTIVE and into >= self.config.warmup + self.config.active:
+            self._stop_and_export()
+            if self.state == FAILED:
+                return
+            self.state = DETAIL
+        if self.state == DETAIL and into >= self.config.length:
+            self.state = CLOSED
+        if self._due():
             self._open(completed)
 
     def _due(self) -> bool:
@@ -192,28 +206,32 @@ class ProfilerWindow:
         if self.state in (WAITING, WARMUP, ACTIVE):
             self._emit(WindowEvent(state="ended_early", from_state=self.state, index=max(0, self.index)))
         if self._profiler is not None:
-            try:
-                with self._chatter.quiet():
-                    self._profiler.stop()
-            except Exception as exc:  # noqa: BLE001 - the trace is lost, the run is not
-                self._fail(f"torch.profiler failed while stopping: {exc}")
-            self._profiler = None
+            self._stop_and_export()
         if self.state != FAILED:
             self.state = CLOSED
 
     @property
     def recording(self) -> bool:
+        """The profiler records: the warm-up and active steps."""
         return self.state in (WARMUP, ACTIVE)
 
+    @property
+    def attributing(self) -> bool:
+        """gpudoctor's per-call hooks should be on: the detail steps."""
+        return self.state == DETAIL
+
     def _open(self, completed: int) -> None:
-        try:
-            with self._chatter.quiet():  # gpudoctor's own import of torch warns when NumPy is missing, for one
-                self.cuda = _cuda_in_use()
-                self._profiler = self._start_profiler()
-        except Exception as exc:  # noqa: BLE001 - without a profiler the script still runs, and the manifest says why
-            self._profiler = None
-            self._fail(f"torch.profiler could not start: {exc.__class__.__name__}: {exc}")
-            return
+        if threading.current_thread() is threading.main_thread():
+            try:
+                with self._chatter.quiet():  # gpudoctor's own import of torch warns when NumPy is missing, for one
+                    self.cuda = _cuda_in_use()
+                    self._profiler = self._start_profiler()
+            except Exception as exc:  # noqa: BLE001 - without a profiler the script still runs; the manifest says why
+                self._profiler = None
+                self._fail(f"torch.profiler could not start: {exc.__class__.__name__}: {exc}")
+                return
+        else:  # Kineto started from a thread other than the one that registered it can crash the process
+            self._emit(CollectorEvent(name="profiler", ok=False, reason=OFF_MAIN_THREAD))
         self.index += 1
         self._first_step = completed
         self._opened_at = time.monotonic()
@@ -222,25 +240,33 @@ class ProfilerWindow:
                                trace=trace_name(self.index)))
 
     def _start_profiler(self) -> Any:
-        from torch.profiler import ProfilerActivity, profile, schedule
+        from torch.profiler import ProfilerActivity, profile
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        profiler = profile(
-            activities=activities,
-            schedule=schedule(wait=0, warmup=self.config.warmup, active=self.config.active, repeat=1),
-            on_trace_ready=self._export,
-            record_shapes=True,
-            with_stack=self._with_stack,
-        )
+        self.cpu_ops = self._with_stack or not self.cuda
+        activities = ([ProfilerActivity.CPU] if self.cpu_ops else []) + ([ProfilerActivity.CUDA] if self.cuda else [])
+        profiler = profile(activities=activities, record_shapes=self._with_stack, with_stack=self._with_stack)
         profiler.start()
         return profiler
+
+    def _stop_and_export(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return
+        try:
+            with self._chatter.quiet():
+                profiler.stop()
+        except Exception as exc:  # noqa: BLE001 - the trace is lost, the run is not
+            self._fail(f"torch.profiler failed while stopping: {exc}")
+            return
+        self._export(profiler)
 
     def _export(self, profiler: Any) -> None:
         started = time.perf_counter()
         final = self._run_dir / trace_name(self.index)
         partial = self._run_dir / PARTIAL_TRACE  # torch gzips when the name ends in .gz
         try:
-            profiler.export_chrome_trace(str(partial))
+            with self._chatter.quiet():
+                profiler.export_chrome_trace(str(partial))
             if json_size(partial) < MIN_TRACE_BYTES:  # torch logs a failed write (a full disk) and goes on
                 partial.unlink()
                 raise OSError("the profiler wrote an empty trace: the run directory may be full")
@@ -252,11 +278,6 @@ class ProfilerWindow:
         self._emit(WindowEvent(state="closed", index=self.index, first_step=self._first_step,
                                export_s=time.perf_counter() - started, trace_bytes=final.stat().st_size,
                                trace=final.name))
-
-    def _release(self) -> None:
-        with contextlib.suppress(Exception), self._chatter.quiet():  # the trace is on disk; a failed teardown is moot
-            self._profiler.stop()
-        self._profiler = None
 
     def _fail(self, reason: str) -> None:
         self.state = FAILED
