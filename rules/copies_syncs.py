@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 
-from gpudoctor import Finding, Run, rule
+from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis.views import CopySite, SyncSite
 
 MB = 1024 * 1024
@@ -26,8 +26,13 @@ def _pinned_copy_bps(run: Run) -> float | None:
 
 
 def _per_step(run: Run) -> tuple[int, float]:
-    """How many steps the call sites add up (`run.site_steps`), and the analysed steps' mean wall time."""
+    """How many steps the call sites add up (`run.site_steps`), and the analysed steps' mean wall time.
+
+    Not evaluated when several Python threads share the work: their host times overlap and add up to more
+    than the step, and the GIL they take turns on (GD501) is what the time goes to."""
     steps = run.require_steps()
+    if (run.python_threads_sharing or 1) > 1:
+        raise NotEvaluated("several Python threads share the work: a line's host time is not a share of the step")
     return run.site_steps, statistics.fmean(s.wall_s for s in steps)
 
 

@@ -22,8 +22,9 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
                    min_probe_delay_share: float = 0.5) -> Iterator[Finding]:
     """Several Python threads feed the GPU, and they take turns on the GIL.
 
-    What it detects: at least `min_threads` busy Python threads in the training process, the process
-    using no more than `max_process_cores` cores in total, and gpudoctor's GIL probe waking late — on
+    What it detects: at least `min_threads` Python threads in the training process taking turns on its
+    work (each using at least 0.05 core and a quarter of the busiest one's), the process using no more
+    than `max_process_cores` cores in total, and gpudoctor's GIL probe waking late — on
     average at least `min_probe_delay_share` of the interpreter's switch interval — because another
     thread holds the GIL. Silent on free-threaded Python (no GIL).
 
@@ -44,7 +45,7 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     switch = run.env.switch_interval_s or DEFAULT_SWITCH_INTERVAL_S
     delay = statistics.fmean(g.mean_s for g in gil)
     python_ids = run.python_thread_ids  # intra-op and CUDA threads run without the GIL: only Python's count
-    busy = main.busy_among(python_ids) if python_ids is not None else main.busy_threads
+    busy = main.sharing_among(python_ids) if python_ids is not None else main.busy_threads
     if busy < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
         return
     idle = _gpu_idle_share(run)
@@ -118,6 +119,9 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
 
     Fix: one intra-op thread per loader worker (`worker_init_fn=lambda _: torch.set_num_threads(1)`),
     and `torch.set_num_threads(cores // ranks)` in the training process.
+
+    Impact: the share of the steps after start-up spent waiting for data, the most that fewer threads can
+    give back (the recorded twin with one thread per worker ran as fast when the loader kept up).
     """
     processes = run.require_processes()
     samples = run.require_host_samples().host
@@ -131,7 +135,7 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
     loader = run.loader.main
     yield Finding(
         f"{demand} compute threads compete for {cores} cores",
-        impact=_host_bound_share(run), impact_reason="no step data to estimate from",
+        impact=_steady_wait_share(run), impact_reason="no step data to estimate from",
         location=loader.location if loader else None,
         evidence={"compute threads": demand, "cores available": cores, "child processes": len(children),
                   "threads per child (max)": max((p.threads_max for p in children), default=0),
@@ -140,6 +144,14 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
         fix="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1)) and "
             f"torch.set_num_threads({max(1, cores // 2)}) in the training process",
     )
+
+
+def _steady_wait_share(run: Run) -> float | None:
+    """The share of the steps after start-up spent waiting for data: what fewer threads can give back at most,
+    since the training process's own threads are set apart from its loader's."""
+    steps = run.steady_steps
+    wall = sum(s.wall_s for s in steps)
+    return sum(s.data_wait_s for s in steps) / wall if wall > 0 else None
 
 
 def _host_bound_share(run: Run) -> float | None:

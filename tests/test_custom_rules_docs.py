@@ -124,7 +124,7 @@ def test_sync_in_training_step_flags_syncs_by_the_function_they_are_in(tmp_path:
     recorded = load_fixture("sync_point_bad")
     assert_silent(rule, recorded)
     lines = {f["location"]["line"] for f in run_rule(rule, recorded, functions=("main",))}
-    assert lines == {63, 68, 71, 73, 74}
+    assert lines == {64, 69, 72, 74, 75}
 
 
 def test_loader_settings_checks_each_loader_against_the_policy() -> None:

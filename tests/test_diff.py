@@ -184,7 +184,7 @@ def test_text_output(gd: Gpudoctor) -> None:
     result = gd.run("diff", str(fixture_path(BAD)), str(fixture_path(FIXED)))
     assert result.returncode == 0 and not result.stderr, result
     lines = result.stdout.splitlines()
-    assert lines[0] == "median step 145.9 ms -> 4.9 ms (29.87x faster)", lines
+    assert lines[0] == "median step 145.9 ms -> 4.3 ms (34.13x faster)", lines
     resolved = lines.index("resolved (1):")
     assert lines[resolved + 1].startswith("  [critical] GD101 The step waits 91% of its time for the DataLoader")
     assert lines[resolved + 1].endswith("fixtures/scripts/data_starvation_bad.py:74 (was ~81% of step time)")
@@ -225,7 +225,7 @@ def test_html_out_file(gd: Gpudoctor, analysed: dict[str, Path]) -> None:
     assert result.messages == [f"gpudoctor: wrote the comparison to {page}."]
     html = page.read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and "<script" not in html and "GD101" in html
-    assert "29.87x faster: median step 145.9 ms → 4.9 ms" in html
+    assert "34.13x faster: median step 145.9 ms → 4.3 ms" in html
     json_out = gd.run("diff", str(analysed[BAD]), str(analysed[FIXED]), "--format", "json", "--out", "d.txt")
     assert json_out.returncode == 0 and _checked_diff((gd.cwd / "d.txt").read_text())["resolved"]
 

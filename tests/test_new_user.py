@@ -68,7 +68,8 @@ def test_one_option_with_equals_and_a_flag_among_the_scripts_own(gd: Gpudoctor, 
     assert result.returncode == 2, result
     assert result.first_message == (
         "gpudoctor: train.py exited with status 2; --timeout and --with-stack are gpudoctor options, which go before "
-        "the script: gpudoctor profile --out run --wait-steps 1 --warmup-steps 1 --active-steps 2 --timeout=60 "
+        "the script: gpudoctor profile --out run --wait-steps 1 --warmup-steps 1 --active-steps 2 --detail-steps 1 "
+        "--timeout=60 "
         "--with-stack train.py --epochs 3")
 
 

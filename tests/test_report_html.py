@@ -290,7 +290,7 @@ def test_diff_page_in_a_real_browser(tmp_path: Path) -> None:
         assert not shown["console_errors"] and not shown["page_errors"], shown
         assert shown["requests"] == [shown["url"]] and not shown["dialogs"] and shown["scripts"] == 0, shown
     starved, hostile = seen
-    assert starved["first_screen"] == ["29.87x faster: median step 145.9 ms → 4.9 ms"], starved["first_screen"]
+    assert starved["first_screen"] == ["34.13x faster: median step 145.9 ms → 4.3 ms"], starved["first_screen"]
     assert starved["title"] == f"gpudoctor diff — {before} → {after}"
     assert hostile["first_screen"][0].startswith("The same speed: median step")
     assert (shots / "diff.png").stat().st_size > 10_000

@@ -24,7 +24,7 @@ from gpudoctor.errors import BundleError
 from gpudoctor.ui.trace_progress import TraceProgress
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"
+FIXTURE = ROOT / "fixtures" / "bundles" / "blocking_copy_bad" / "trace.json.gz"  # with CPU operators
 
 
 def _rows(items: list[Any]) -> list[tuple]:

@@ -15,6 +15,7 @@ from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.sites import copy_sites, sync_sites
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
+from gpudoctor.analysis.threads import python_threads_sharing
 from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
 from gpudoctor.analysis.views import (
     CopySite,
@@ -204,9 +205,7 @@ class Run:
     @property
     def span(self) -> tuple[float, float] | None:
         """From the first analysed step's start to the last one's end (seconds since the epoch)."""
-        if not self.steps:
-            return None
-        return self.steps[0].start, self.steps[-1].end
+        return (self.steps[0].start, self.steps[-1].end) if self.steps else None
 
     def require_steps(self) -> list[Step]:
         if not self.steps:
@@ -303,8 +302,7 @@ class Run:
 
     @property
     def python_thread_ids(self) -> set[int] | None:
-        """OS ids of the script's Python threads (the main one and those it started), or None for a
-        bundle that did not record them."""
+        """OS ids of the script's Python threads (the main one and those it started); None if not recorded."""
         main = self._process_facts.main_native_id
         if main is None:
             return None
@@ -314,6 +312,11 @@ class Run:
     def forward_location(self) -> Location | None:
         """Where the script calls its model (the first top-level module call seen in the window)."""
         return next((Location.from_site(e.site) for e in self.events(ForwardSiteEvent)), None)
+
+    @cached_property
+    def python_threads_sharing(self) -> int | None:
+        """Python threads taking turns on the main process's work (analysis.threads); None when not recorded."""
+        return python_threads_sharing(self)
 
     @property
     def user_threads(self) -> list[ThreadInfo]:

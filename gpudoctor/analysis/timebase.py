@@ -54,3 +54,24 @@ def window_distortion(run: Run) -> WindowDistortion:
     if outside <= 0:
         return WindowDistortion(None, reason="the steps outside the profiling window took no time")
     return WindowDistortion(round(inside / outside, 3), inside, outside)
+
+
+# A window that slows its steps more than this has its findings' savings sized on the steps outside it.
+DISTORTION_LIMIT = 1.10
+
+
+@dataclass(frozen=True)
+class ReferenceStep:
+    """The step time that savings and "after the fix" times are given against: the median analysed step or,
+    when the window slowed its steps more than DISTORTION_LIMIT, the median step outside it (`outside`)."""
+
+    seconds: float | None
+    outside: bool = False
+
+
+def reference_step(run: Run) -> ReferenceStep:
+    distortion = window_distortion(run)
+    if distortion.ratio is not None and distortion.ratio > DISTORTION_LIMIT and distortion.unprofiled_s:
+        return ReferenceStep(distortion.unprofiled_s, outside=True)
+    steps = run.steps
+    return ReferenceStep(statistics.median(s.wall_s for s in steps) if steps else None)

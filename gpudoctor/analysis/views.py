@@ -185,6 +185,15 @@ class ProcessInfo:
         """How many of the given OS threads use at least a fifth of a core."""
         return sum(1 for tid, cores in self.thread_cores.items() if cores >= 0.2 and int(tid) in thread_ids)
 
+    def sharing_among(self, thread_ids: set[int], min_cores: float = 0.05, min_of_busiest: float = 0.25) -> int:
+        """How many of the given OS threads take turns on the work: each uses at least `min_cores` and at least
+        `min_of_busiest` of the busiest one's cores. Eight threads sharing one GIL use ~0.12 core each (the
+        thread-pool inference fixture), too little for `busy_among`; a pin-memory thread beside a busy main
+        one uses a few percent of it."""
+        cores = [c for tid, c in self.thread_cores.items() if int(tid) in thread_ids]
+        floor = max(min_cores, min_of_busiest * max(cores, default=0.0))
+        return sum(1 for c in cores if c >= floor)
+
 
 @dataclass(frozen=True)
 class SeriesPoint:

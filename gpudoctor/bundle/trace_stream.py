@@ -11,6 +11,7 @@ events into views.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import queue
@@ -160,7 +161,7 @@ class TraceStream:
         an EventFilter, only (at least) the events it keeps, except in the last batch."""
         chunks = self._chunks()
         try:
-            yield from self._split(chunks, select)
+            yield from self._split(_utf8_checked(chunks), select)
         finally:
             chunks.close()
 
@@ -335,6 +336,20 @@ def _last_event_end(buf: bytes, lo: int, hi: int) -> int | None:
                 return k + 1
         brace = buf.rfind(b"{", lo, brace)
     return None
+
+
+def _utf8_checked(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The chunks as they come, once each is known to be UTF-8 (msgspec skips the keys a Struct does not name
+    without reading them, so bytes that are not text there would pass unseen). ASCII, the usual trace, costs a
+    scan; other chunks are decoded, a character split between two of them included."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for chunk in chunks:
+        if not chunk.isascii():
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError:
+                raise TraceNotStreamable("not UTF-8") from None
+        yield chunk
 
 
 def _parse_before(buf: bytes, pos: int, cut: int) -> tuple[list[Any], int]:

@@ -15,11 +15,14 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.summary import median_step_s
+from gpudoctor.analysis.timebase import reference_step
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import SEVERITIES, Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
 
+# A finding that saves less than this share of the step is at most `info`: it is below the run-to-run noise
+# of step times (the two plain runs of each recorded fixture differ by 2-5%, fixtures/measurements.json).
+NEGLIGIBLE_IMPACT = 0.02
 # The rule, and the call site (file and line) or, for a finding without one, its title.
 FindingKey = tuple[str, str | None, int | None, str | None]
 RuleOptions = Mapping[str, Mapping[str, Any]]  # rule code -> option -> value
@@ -92,11 +95,20 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
             errors.append(_error(r, outcome.error, outcome.stack))
         else:
             findings.extend(outcome.records)
-    return EngineResult(rank(_merge(_with_savings(findings, median_step_s(run.steps)))), not_evaluated, errors)
+    findings = _negligible_as_info(_with_savings(findings, reference_step(run).seconds))
+    return EngineResult(rank(_merge(findings)), not_evaluated, errors)
+
+
+def _negligible_as_info(records: list[FindingRecord]) -> list[FindingRecord]:
+    """A warning or critical finding whose fix would save a negligible share of the step becomes `info`."""
+    return [msgspec.structs.replace(r, severity="info")
+            if r.impact is not None and r.impact < NEGLIGIBLE_IMPACT and r.severity != "info" else r
+            for r in records]
 
 
 def _with_savings(records: list[FindingRecord], median_s: float | None) -> list[FindingRecord]:
-    """Each impact (a share of the step) also as seconds per step, of the same median step the report shows."""
+    """Each impact (a share of the step) also as seconds per step, of the step the report shows: the median
+    analysed step, or the median step outside a window that slowed its steps (analysis.timebase.reference_step)."""
     if not median_s:
         return records
     return [r if r.impact is None else msgspec.structs.replace(r, saving_s=round(r.impact * median_s, 6))

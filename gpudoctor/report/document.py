@@ -68,6 +68,7 @@ class RunFacts(TypedDict):
     step_source: str | None  # marker, optimizer, backward, dataloader, forward, profiler_step
     window_distortion: float | None  # median profiled step over the median step outside the windows
     window_distortion_reason: str | None
+    median_step_outside_window: bool  # median_step_s (and the savings) from the steps outside a distorting window
     ending: str | None
     exit_status: int | None
     exception: ExceptionFacts | None

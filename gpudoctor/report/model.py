@@ -27,8 +27,8 @@ from urllib.parse import quote
 
 from gpudoctor import __version__
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.summary import PhaseTime, breakdown, median_step_s
-from gpudoctor.analysis.timebase import step_source, window_distortion
+from gpudoctor.analysis.summary import PhaseTime, breakdown
+from gpudoctor.analysis.timebase import reference_step, step_source, window_distortion
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle import SCHEMA_VERSION
@@ -181,7 +181,7 @@ def _window_settings(window: WindowSettings | None) -> WindowSettingsJson | None
 
 def _run_facts(run: Run) -> RunFacts:
     manifest, env, steps = run.manifest, run.env, run.steps
-    distortion = window_distortion(run)
+    distortion, reference = window_distortion(run), reference_step(run)
     target, exit_info = manifest.target, manifest.exit
     return {
         "script": target.module or target.script, "module": bool(target.module),
@@ -190,8 +190,9 @@ def _run_facts(run: Run) -> RunFacts:
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
         "gpus": [g.name for g in env.gpus], "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
-        "median_step_s": median_step_s(steps), "step_source": step_source(run),
+        "median_step_s": reference.seconds, "step_source": step_source(run),
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
+        "median_step_outside_window": reference.outside,
         "ending": exit_info.ending if exit_info else None, "exit_status": exit_info.status if exit_info else None,
         "exception": _exception(run), "window": _window_settings(manifest.window),
         "trace_only": run.trace_only,

@@ -93,7 +93,8 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
     lines = [f"gpudoctor: {report['summary']['verdict']}"]
     facts = [f"{run['steps_analysed']} steps analysed"]
     if run.get("median_step_s") is not None:
-        facts.append(f"median step {seconds(run['median_step_s'])}")
+        where = " (outside the window)" if run.get("median_step_outside_window") else ""
+        facts.append(f"median step {seconds(run['median_step_s'])}{where}")
     if run.get("step_source"):
         facts.append(f"steps marked by {run['step_source']}")
     if run.get("window_distortion") is not None:

@@ -1,0 +1,45 @@
+"""The profiling window's distortion on every recorded fixture: its median profiled step over the median step after it.
+
+    PYTHONPATH=$PWD python3 bench/window_distortion.py
+
+Reads the bundles in fixtures/bundles (as findings.json's `run.window_distortion` does) and prints a Markdown
+table: each fixture's step source, the median step inside the window and outside it, their ratio, and how the
+window was recorded (GPU activity only with detail steps after it, or the earlier CPU + CUDA window with
+record_shapes and the hooks on in the profiled steps).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from gpudoctor.analysis import Run
+from gpudoctor.analysis.timebase import step_source, window_distortion
+
+BUNDLES = Path(__file__).resolve().parent.parent / "fixtures" / "bundles"
+
+
+def main() -> None:
+    print("| fixture | step source | profiled step | step outside | distortion | window |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    ratios: dict[str, list[float]] = {}
+    for bundle in sorted(p for p in BUNDLES.iterdir() if (p / "manifest.json").is_file()):
+        run = Run.from_bundle(bundle)
+        distortion = window_distortion(run)
+        settings = run.manifest.window
+        light = settings is not None and settings.detail > 0
+        kind = "GPU activity only, detail steps after" if light else "CPU + CUDA, shapes, hooks"
+        if distortion.ratio is None:
+            print(f"| {bundle.name} | {step_source(run)} | — | — | — ({distortion.reason}) | {kind} |")
+            continue
+        ratios.setdefault(kind, []).append(distortion.ratio)
+        print(f"| {bundle.name} | {step_source(run)} | {distortion.profiled_s * 1e3:.2f} ms "
+              f"| {distortion.unprofiled_s * 1e3:.2f} ms | {distortion.ratio:.2f}x | {kind} |")
+    for kind, values in ratios.items():
+        within = sum(1 for r in values if r <= 1.10)
+        print(f"\n{kind}: median {statistics.median(values):.2f}x over {len(values)} fixtures, "
+              f"{within} at or under 1.10x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""The recorded fixtures that come in pairs: a pathological script, the rules that diagnose it, and its fixed twin.
+
+The twin's measured speed-up (each script times its own steady-state steps, run plainly on the recording
+machine: fixtures/measurements.json) is the truth that the rules' predicted saving is checked against
+(bench/validate_impacts.py), and the twin must not draw those rules' warnings (tests/test_rules_fixtures.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FixturePair:
+    rules: tuple[str, ...]  # the rules whose summed impact predicts the twin's gain
+    bad: str
+    fixed: str
+    per_sample: bool = False  # compare time per sample: the twin makes its steps larger on purpose
+
+
+PAIRS = (
+    FixturePair(("GD101",), "data_starvation_bad", "data_starvation_fixed"),
+    FixturePair(("GD102",), "data_starvation_workers_bad", "data_starvation_workers_fixed"),
+    FixturePair(("GD102",), "classifier_few_workers_bad", "classifier_few_workers_fixed"),
+    FixturePair(("GD103",), "data_starvation_cpu_bound_bad", "data_starvation_cpu_bound_fixed"),
+    FixturePair(("GD201",), "blocking_copy_bad", "blocking_copy_fixed"),
+    FixturePair(("GD203",), "blocking_copy_d2h_bad", "blocking_copy_d2h_fixed"),
+    FixturePair(("GD204",), "blocking_copy_fixed", "blocking_copy_prefetch"),
+    FixturePair(("GD201", "GD203", "GD204"), "inference_pageable_bad", "inference_pageable_fixed"),
+    FixturePair(("GD211",), "sync_point_bad", "sync_point_fixed"),
+    FixturePair(("GD211",), "lm_manual_sgd_bad", "lm_manual_sgd_fixed"),
+    FixturePair(("GD211",), "gan_two_optimizers_bad", "gan_two_optimizers_fixed"),
+    FixturePair(("GD301",), "small_batch_bad", "small_batch_fixed", per_sample=True),
+    FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_fixed", per_sample=True),
+    FixturePair(("GD501",), "gil_contention_bad", "gil_contention_fixed"),
+    FixturePair(("GD501",), "threadpool_inference_bad", "threadpool_inference_fixed"),
+    FixturePair(("GD503",), "cpu_oversubscription_bad", "cpu_oversubscription_fixed"),
+    FixturePair(("GD504",), "cpu_contention_bad", "cpu_contention_fixed"),
+)
