@@ -26,7 +26,8 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     work (each using at least 0.05 core and a quarter of the busiest one's), the process using no more
     than `max_process_cores` cores in total, and gpudoctor's GIL probe waking late — on
     average at least `min_probe_delay_share` of the interpreter's switch interval — because another
-    thread holds the GIL. Silent on free-threaded Python (no GIL).
+    thread holds the GIL. Silent on free-threaded Python (no GIL). A program that marks no step at all
+    (worker threads and no training loop) is watched by the probe from its first second to its end.
 
     Why it matters: only one thread runs Python at a time; threads that prepare tensors and launch
     kernels serialize, and the GPU idles while they wait for each other.

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import SCRIPTS, Gpudoctor, Result
 from gpudoctor.analysis import Run
-from gpudoctor.bundle.events import ForkEvent
+from gpudoctor.bundle.events import ForkEvent, StepLessGilEvent
 
 RULE_SCRIPTS = SCRIPTS / "rules"
 # Small windows: 2 steps of start-up, 1 of warm-up, 4 analysed.
@@ -129,6 +129,24 @@ def test_gd501_silent_with_one_thread(gd: Gpudoctor) -> None:
     run = Run.from_bundle(result.run_dir)
     assert run.user_threads == []
     assert run.python_thread_ids is not None and main_process(run).busy_among(run.python_thread_ids) == 1
+
+
+def test_gd501_fires_on_a_program_with_no_step(gd: Gpudoctor) -> None:
+    script = rule_script("gil_threads_stepless.py")
+    result = profile(gd, "gil_threads_stepless.py", "--threads", "3")
+    finding = assert_fires(result, "GD501", "gil_contention", script, line_of(script, "WORKER START"))
+    facts = evidence(finding)
+    assert facts["busy Python threads"] >= 2 and facts["process CPU"] <= 1.3
+    assert finding["impact"] is None and "no GPU timeline" in finding["impact_reason"]
+    assert result.findings()["run"]["step_source"] is None
+    run = Run.from_bundle(result.run_dir)
+    assert not run.all_steps and run.events(StepLessGilEvent)
+
+
+def test_gd501_silent_on_a_program_with_no_step_and_one_thread(gd: Gpudoctor) -> None:
+    result = profile(gd, "gil_threads_stepless.py", "--threads", "1")
+    assert_silent(result, "GD501")
+    assert Run.from_bundle(result.run_dir).events(StepLessGilEvent)  # watched, and found nothing to say
 
 
 # -- GD502 fork-after-cuda-init: on a CPU, forks are recorded, and CUDA never was initialized -------------

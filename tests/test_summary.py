@@ -10,8 +10,10 @@ import pytest
 
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.kernels import TOP_KERNELS, kernel_histogram, kernels_in_steps
+from gpudoctor.analysis.samples import process_infos
 from gpudoctor.analysis.summary import MAX_STEP_ROWS, PHASES, breakdown, median_step_s, step_bars
 from gpudoctor.analysis.timeline import MAX_POINTS, Timeline, timeline
+from gpudoctor.bundle.samples import ProcEntry, ProcsRow
 from gpudoctor.testing import BundleBuilder
 
 
@@ -212,3 +214,13 @@ def test_no_gpu_activity_gives_no_histogram(tmp_path: Path) -> None:
     run = builder.build()
     assert run.gpu is None and kernel_histogram(run.gpu, run.steps) is None
     assert kernel_histogram(None, []) is None
+
+
+def test_a_thread_that_ended_before_the_last_sample_still_counts() -> None:
+    def row(t: float, threads: dict[str, float]) -> ProcsRow:
+        return ProcsRow(t=t, procs=[ProcEntry(pid=10, cpu_s=sum(threads.values()), thread_cpu=threads)])
+
+    rows = [row(0.0, {"10": 0.0}), row(1.0, {"10": 0.1, "11": 0.4}), row(2.0, {"10": 0.2, "11": 0.8}),
+            row(4.0, {"10": 0.4})]  # thread 11 ended between the last two samples
+    (main,) = process_infos(rows)
+    assert main.thread_cores == {"10": 0.1, "11": 0.2}  # CPU seconds over the 4 s sampled

@@ -42,6 +42,7 @@ from gpudoctor.bundle.events import (
     LoaderEvent,
     ProcessFacts,
     StepEvent,
+    StepLessGilEvent,
     ThreadStartEvent,
     TorchFacts,
     WindowEvent,
@@ -74,9 +75,7 @@ class Run:
         self.window = window
         self._whole = RunEvents(events)
         self._trace_path = trace_path
-        self._host_samples = host_samples
-        self._proc_samples = proc_samples
-        self._gpu_samples = gpu_samples
+        self._host_samples, self._proc_samples, self._gpu_samples = host_samples, proc_samples, gpu_samples
         # Told of each chunk of the trace read, (done, total) in bytes: `gpudoctor analyze` sets it to draw its
         # progress line on a terminal.
         self.trace_progress: Callable[[int, int], None] | None = None
@@ -213,10 +212,13 @@ class Run:
         return self.steps
 
     def require_gil(self) -> list[GilStats]:
-        """The GIL probe's figures over the hooked steps (it runs in the window's detail steps)."""
-        self.require_steps()
-        figures = [f for f in (gil_stats(e.gil) for e in self._hooked_step_events) if f is not None]
+        """The GIL probe's figures over the hooked steps (it runs in the window's detail steps) or, in a program
+        that marked no step, over the run (collect.stepless)."""
+        stepless = [] if self.steps else self.events(StepLessGilEvent)
+        events = self._hooked_step_events if self.steps else stepless
+        figures = [f for f in (gil_stats(e.gil) for e in events) if f is not None]
         if not figures:
+            self.require_steps()
             raise NotEvaluated("the GIL probe recorded nothing (it runs in the profiling window's detail steps)")
         return figures
 
@@ -240,11 +242,9 @@ class Run:
 
     @cached_property
     def sync_stall_s(self) -> float | None:
-        """GPU idle time, over the analysed steps, that overlaps a synchronizing CUDA call on the host.
-
-        While the host is blocked in a sync the GPU drains its queue, then idles until the host launches
-        again: those gaps are what the syncs cost. None when the trace has no GPU activity.
-        """
+        """GPU idle time, over the analysed steps, that overlaps a synchronizing CUDA call on the host: while the
+        host is blocked in a sync the GPU drains its queue, then idles until the host launches again: those gaps
+        are what the syncs cost. None when the trace has no GPU activity."""
         if self.gpu is None or self.trace is None or not self.steps:
             return None
         syncs = [r for r in self.trace.runtime if r.name in SYNC_CALLS or r.name == "cudaMemcpy"]  # by start

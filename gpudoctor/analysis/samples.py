@@ -111,13 +111,19 @@ def _process_info(pid: int, entries: list[tuple[float, ProcEntry]], is_root: boo
         cpu_max=max(rates, default=0.0),
         rss_max=int(max(e.highest("rss") or 0 for _, e in entries)),
         threads_max=int(max(e.highest("threads") or 0 for _, e in entries)),
-        thread_cores=_thread_cores(first, last, elapsed),
+        thread_cores=_thread_cores([e for _, e in entries], elapsed),
         ctx_invol_per_s=_rate(first.ctx_invol, last.ctx_invol, elapsed),
     )
 
 
-def _thread_cores(first: ProcEntry, last: ProcEntry, elapsed: float) -> dict[str, float]:
+def _thread_cores(entries: list[ProcEntry], elapsed: float) -> dict[str, float]:
+    """Each thread's mean cores over the process's sampled time: its CPU from the first sample (or from 0, for a
+    thread started later) to the last sample it was seen in, so that a thread that ended before the process
+    did still counts."""
     if elapsed <= 0:
         return {}
-    before = first.thread_cpu
-    return {tid: max(0.0, cpu - before.get(tid, 0.0)) / elapsed for tid, cpu in last.thread_cpu.items()}
+    before = entries[0].thread_cpu
+    seen_last: dict[str, float] = {}
+    for entry in entries:
+        seen_last.update(entry.thread_cpu)
+    return {tid: max(0.0, cpu - before.get(tid, 0.0)) / elapsed for tid, cpu in seen_last.items()}

@@ -180,9 +180,18 @@ class StepSourceEvent(Record, Event, tag="step_source", frozen=True):
     t: float | None = None
 
 
+class StepLessGilEvent(Record, Event, tag="stepless_gil", frozen=True):
+    """The GIL probe's wake-up delays in a program that marked no step (collect.stepless), from the moment it
+    started watching (`watched_s` after the recorder did) to the script's end."""
+
+    gil: GilSummary
+    watched_s: Seconds
+    t: float | None = None
+
+
 class StepEvent(Record, Event, tag="step", frozen=True):
-    """One step, written when it ends. Only warm-up and active steps carry phases, copies, syncs, GIL and
-    CUDA memory figures."""
+    """One step, written when it ends. Only the window's detail steps carry phases, copies, syncs and the
+    GIL probe's figures; its warm-up, active and detail steps carry CUDA memory figures."""
 
     step: Count
     t0: float  # time.time() at the start, comparable with the parent's samples
@@ -241,6 +250,6 @@ class EndEvent(Record, Event, tag="end", frozen=True):
 
 AnyEvent: TypeAlias = (
     ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | LoaderEvent
-    | ForwardSiteEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent | EndEvent
+    | ForwardSiteEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent | EndEvent | StepLessGilEvent
 )
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

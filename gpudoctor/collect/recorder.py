@@ -35,6 +35,7 @@ from gpudoctor.bundle.records import Site
 from gpudoctor.collect import window as window_states
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.markers import Markers
+from gpudoctor.collect.stepless import StepLessProbe
 from gpudoctor.collect.window import ProfilerWindow
 
 # The step sources, weakest first: a program's steps come from the strongest one it has. The outermost model's
@@ -134,6 +135,8 @@ class Recorder:
         self._window_listeners: list[Callable[[bool], None]] = []
         self.current = self._new_step()
         self._stopping = False
+        self._stepless = StepLessProbe(lambda: self.completed, self.emit, config.gil_probe_interval_s)
+        self._stepless.start()
         nvtx_ok = self.markers.nvtx_status == "ok"
         self.emit(CollectorEvent(name="nvtx", ok=nvtx_ok, reason=None if nvtx_ok else self.markers.nvtx_status))
 
@@ -282,6 +285,7 @@ class Recorder:
         if self._disabled:
             return
         self._end_last_counted_step()
+        self._stepless.finish()
         self.close_window()
         what, message, where = exception if exception is not None else (None, None, None)
         self.emit(EndEvent(reason=reason, steps=self.completed, pid=os.getpid(), code=code, exception=what,
