@@ -44,7 +44,7 @@ def _copy_evidence(site: CopySite, steps: int) -> dict[str, object]:
     }
 
 
-@rule("GD201", "pageable-host-to-device-copy", category="blocking_copy")
+@rule("GD201", "pageable-host-to-device-copy", category="blocking_copy", claims="host_copy")
 def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[Finding]:
     """Host-to-device copies from pageable (unpinned) memory block the training loop.
 
@@ -76,7 +76,7 @@ def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[
         )
 
 
-@rule("GD202", "non-blocking-from-pageable", category="blocking_copy", severity="info")
+@rule("GD202", "non-blocking-from-pageable", category="blocking_copy", severity="info", claims="host_copy")
 def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
     """`non_blocking=True` on a copy from unpinned memory does nothing: the copy still blocks.
 
@@ -98,7 +98,7 @@ def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
             )
 
 
-@rule("GD203", "device-to-host-copy-in-step", category="blocking_copy")
+@rule("GD203", "device-to-host-copy-in-step", category="blocking_copy", claims="host_copy")
 def device_to_host_copy_in_step(run: Run, min_mb_per_step: float = 1.0, min_share: float = 0.02) -> Iterator[Finding]:
     """Large device-to-host copies inside the step wait for the GPU and then for the copy.
 
@@ -141,7 +141,7 @@ def _stall_share(run: Run, wall: float) -> float | None:
     return None if stall is None else stall / (wall * len(run.steps))
 
 
-@rule("GD211", "sync-in-step", category="sync_point")
+@rule("GD211", "sync-in-step", category="sync_point", claims="sync")
 def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0.01) -> Iterator[Finding]:
     """A call in the step makes the host wait for the GPU: `.item()`, `print(tensor)`, `synchronize()`, ...
 

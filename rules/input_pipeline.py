@@ -90,7 +90,7 @@ def _severity(share: float) -> str:
     return "critical" if share >= 0.5 else "warning"
 
 
-@rule("GD101", "loader-in-main-process", category="data_starvation")
+@rule("GD101", "loader-in-main-process", category="data_starvation", claims="data_wait")
 def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader loads every batch in the training process, and each step waits for it.
 
@@ -129,7 +129,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     )
 
 
-@rule("GD102", "loader-workers-too-few", category="data_starvation")
+@rule("GD102", "loader-workers-too-few", category="data_starvation", claims="data_wait")
 def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_cores: float = 0.7,
                            min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader has workers, but too few to keep up, and the host has cores to spare.
@@ -173,7 +173,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     )
 
 
-@rule("GD103", "loader-cpu-bound", category="data_starvation")
+@rule("GD103", "loader-cpu-bound", category="data_starvation", claims="data_wait")
 def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: float = 0.85,
                      min_own_share: float = 0.5, min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader's workers use every core and still cannot keep up: per-sample work is too heavy.

@@ -106,7 +106,7 @@ def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
     )
 
 
-@rule("GD503", "cpu-oversubscription", category="cpu_oversubscription")
+@rule("GD503", "cpu-oversubscription", category="cpu_oversubscription", claims="data_wait")
 def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_share: float = 0.5) -> Iterator[Finding]:
     """More runnable threads than cores: loader workers × intra-op threads (× ranks) exceed the CPU.
 

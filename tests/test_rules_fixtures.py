@@ -178,3 +178,22 @@ def test_a_late_pathology_is_found_in_the_windows_after_it_starts() -> None:
     assert not mismatches, report(mismatches)
     gd102 = next(f for f in diagnosis.result.findings if f.code == "GD102")
     assert diagnosis.run.window in [w.index for w in gd102.windows or []]  # the charts show a starved window
+
+
+@pytest.mark.parametrize("name", available_fixtures())
+def test_no_two_findings_claim_the_same_time(name: str) -> None:
+    rules = builtin_rules()
+    claims = {r.code: r.claims for r in rules if r.claims}
+    findings = run_rules(fixture(name), rules).findings
+    claimed = [(claims[f.code], f.location.file if f.location else None, f.location.line if f.location else None)
+               for f in findings if f.impact is not None and f.code in claims]
+    assert len(claimed) == len(set(claimed)), claimed
+    assert sum(f.impact or 0.0 for f in findings) <= 1.0 + 1e-9
+
+
+def test_a_share_two_rules_claim_is_counted_once_by_the_most_severe() -> None:
+    findings = {(f.code, f.location.line if f.location else None): f
+                for f in run_rules(fixture("blocking_copy_bad"), builtin_rules()).findings}
+    pageable, note = findings[("GD201", 53)], findings[("GD202", 53)]  # one copy, non_blocking=True from pageable
+    assert pageable.impact is not None and pageable.impact > 0.05
+    assert note.impact is None and note.saving_s is None and note.impact_reason.startswith("counted in GD201")

@@ -65,6 +65,9 @@ class Rule:
     doc: str
     aliases: tuple[str, ...] = ()
     source: str = "built-in"
+    # The share of the step its impact claims (e.g. "data_wait"): of the findings, on one line, whose rules claim
+    # the same share, only the largest keeps its impact (engine.runner), so no time is counted twice.
+    claims: str | None = None
 
     @property
     def summary(self) -> str:
@@ -158,13 +161,16 @@ def _rule_options(func: Callable[..., Any], code: str, where: str) -> dict[str, 
 
 
 def rule(code: str, name: str, *, category: str, severity: str = "warning",
-         aliases: Iterable[str] = ()) -> Callable[[F], F]:
+         aliases: Iterable[str] = (), claims: str | None = None) -> Callable[[F], F]:
     """Declare a rule: `@rule("ACME101", "loader-starves-gpu", category="data_starvation")`.
 
     The decorated function takes a `Run` and yields `Finding`s; its docstring is the rule's documentation;
     its keyword parameters (with defaults) are its options. It stays a plain function (a test may call it
     on a run), with its `Rule` as `func.rule`. `aliases` are the codes and names the rule had before a
     rename: --select, --ignore, rule options, `rules explain` and gpudoctor.testing accept them too.
+    `claims` names the share of the step the rule's impact is made of ("data_wait", "host_copy", "sync", ...):
+    where several findings on one line claim the same share, the largest keeps its impact and the others say
+    whose it is.
     """
     known_as = tuple(aliases)
 
@@ -175,7 +181,7 @@ def rule(code: str, name: str, *, category: str, severity: str = "warning",
         if not (func.__doc__ or "").strip():
             raise RuleLoadError(f"{where}rule {code} has no docstring; its docstring is the documentation users read.")
         declared = Rule(code, name, category, severity, func, _rule_options(func, code, where),
-                        inspect.cleandoc(func.__doc__ or ""), known_as)
+                        inspect.cleandoc(func.__doc__ or ""), known_as, claims=claims)
         setattr(func, RULE_ATTRIBUTE, declared)
         return func
 

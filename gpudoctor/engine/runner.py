@@ -87,7 +87,8 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     findings: list[FindingRecord] = []
     not_evaluated: list[NotEvaluatedRecord] = []
     errors: list[RuleErrorRecord] = []
-    for r in as_rules(rules):
+    declared = as_rules(rules)
+    for r in declared:
         outcome = evaluate_rule(r, run, options.get(r.code, {}), limits)
         if outcome.not_evaluated is not None:
             not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=outcome.not_evaluated))
@@ -96,7 +97,33 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
         else:
             findings.extend(outcome.records)
     findings = _negligible_as_info(_with_savings(findings, reference_step(run).seconds))
-    return EngineResult(rank(_merge(findings)), not_evaluated, errors)
+    claims = {r.code: r.claims for r in declared if r.claims}
+    return EngineResult(rank(one_claim_per_share(_merge(findings), claims)), not_evaluated, errors)
+
+
+def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str]) -> list[FindingRecord]:
+    """Of the findings on one line (or without one) whose rules claim the same share of the step, the most severe
+    (then the largest) keeps its impact; the others keep their place and evidence, with no impact and a reason
+    naming the one that counts that time."""
+    holders: dict[tuple[str, str | None, int | None], FindingRecord] = {}
+    # The most severe first (GD201's pageable copy before GD202's note on the same line), then the largest.
+    for record in sorted(records, key=lambda r: (-SEVERITIES.index(r.severity), -(r.impact or 0.0), r.code)):
+        share = claims.get(record.code)
+        if share is None or record.impact is None:
+            continue
+        loc = record.location
+        holders.setdefault((share, loc.file if loc else None, loc.line if loc else None), record)
+    kept = {id(r) for r in holders.values()}
+    out = []
+    for record in records:
+        share, loc = claims.get(record.code), record.location
+        holder = holders.get((share, loc.file if loc else None, loc.line if loc else None)) if share else None
+        if holder is None or id(record) in kept or record.impact is None or holder.code == record.code:
+            out.append(record)
+            continue
+        out.append(msgspec.structs.replace(record, impact=None, saving_s=None,
+                                           impact_reason=f"counted in {holder.code}'s finding: the same time"))
+    return out
 
 
 def _negligible_as_info(records: list[FindingRecord]) -> list[FindingRecord]:
