@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from functools import cached_property
-from itertools import accumulate
 from pathlib import Path
 from typing import TypeVar
 
@@ -14,9 +12,10 @@ from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.sites import copy_sites, sync_sites
+from gpudoctor.analysis.stalls import sync_stall_s
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
 from gpudoctor.analysis.threads import python_threads_sharing
-from gpudoctor.analysis.trace import SYNC_CALLS, TraceData, parse_trace
+from gpudoctor.analysis.trace import TraceData, parse_trace
 from gpudoctor.analysis.views import (
     CopySite,
     Env,
@@ -247,16 +246,7 @@ class Run:
         are what the syncs cost. None when the trace has no GPU activity."""
         if self.gpu is None or self.trace is None or not self.steps:
             return None
-        syncs = [r for r in self.trace.runtime if r.name in SYNC_CALLS or r.name == "cudaMemcpy"]  # by start
-        sync_starts = [s.start for s in syncs]
-        latest_end = list(accumulate((s.end for s in syncs), max))  # latest end among the syncs up to each one
-        stalled = 0.0
-        for step in self.steps:
-            for start, end in self.gpu.idle_gaps(step.start, step.end):
-                before = bisect_left(sync_starts, end)  # the syncs that start before the gap ends
-                if before and latest_end[before - 1] > start:  # one of them ends after it starts
-                    stalled += end - start
-        return stalled
+        return sync_stall_s(self.gpu, self.trace, self.steps)
 
     def _why_no_gpu(self) -> str:
         if self.trace is None:
@@ -278,6 +268,11 @@ class Run:
             return detail
         analysed = {s.index for s in self.steps}
         return list(self._whole.steps_of(self.window, analysed))
+
+    @cached_property
+    def hooked_steps(self) -> list[Step]:
+        """The steps the per-call hooks watched (phases, copies, syncs): the window's detail steps, if any."""
+        return [self._steps.from_event(e) for e in self._hooked_step_events]
 
     @property
     def site_steps(self) -> int:

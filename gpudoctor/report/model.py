@@ -75,7 +75,7 @@ def _step_row(step: Step) -> StepRow:
 
 
 def _breakdown(steps: list[Step]) -> BreakdownJson:
-    """The mean step and its phases (see analysis.summary.breakdown)."""
+    """The mean step and its phases (see analysis.summary.breakdown), over the steps whose phases were timed."""
     result = breakdown(steps)
     return {"phases": [_phase_row(p) for p in result.phases], "mean_step_s": result.mean_step_s}
 
@@ -289,7 +289,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
             "healthy": not problems, "problems": len(problems), "status": status,
         },
         "not_measured": not_measured,
-        "breakdown": _breakdown(steps),
+        "breakdown": _breakdown(run.hooked_steps or steps),  # phases are timed in the window's detail steps
         "steps": [_step_row(s) for s in steps],
         "charts": {
             "steps": step_chart(steps), "timeline": timeline_chart(run), "kernels": kernel_chart(run, launch_bound),
