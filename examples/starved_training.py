@@ -1,6 +1,7 @@
 """A small training loop whose DataLoader does slow per-sample work in the main process.
 
-Runs on a CPU or a GPU: `gpudoctor profile examples/starved_training.py --epochs 1`.
+Runs on a CPU or a GPU: `gpudoctor profile examples/starved_training.py --epochs 1`; with `--num-workers 2` the
+DataLoader loads in two worker processes, the fix gpudoctor suggests (`gpudoctor diff` compares the two runs).
 """
 
 import argparse
@@ -33,13 +34,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--samples", type=int, default=640)
+    parser.add_argument("--num-workers", type=int, default=0)
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
                           nn.Linear(256, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(SlowImages(args.samples), batch_size=args.batch_size, shuffle=True)
+    loader = DataLoader(SlowImages(args.samples), batch_size=args.batch_size, shuffle=True,
+                        num_workers=args.num_workers, persistent_workers=args.num_workers > 0)
     for epoch in range(args.epochs):
         for images, labels in loader:
             images, labels = images.to(device), labels.to(device)

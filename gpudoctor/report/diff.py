@@ -3,8 +3,9 @@
 Pure analysis over findings.json's records (gpudoctor.bundle.findings): gpudoctor.diffing reads the runs, and
 report.diff_render formats the result as text, JSON or HTML. A finding in one run is the same finding in the other
 when its rule and its call site match, as the engine merges findings (engine.finding_key): the rule's code, and the
-file and line, or the title for a finding without a location. A rule renamed since the earlier run is the same rule:
-its aliases (the codes and names it had before) count as its code.
+file and line, or the title for a finding without a location (failing that, a rule's one finding without a
+location left in each run: such titles hold figures that change from run to run). A rule renamed since the
+earlier run is the same rule: its aliases (the codes and names it had before) count as its code.
 """
 
 from __future__ import annotations
@@ -81,6 +82,19 @@ def _matches(before: Iterable[FindingRecord], after: Iterable[FindingRecord],
         candidates = waiting.get(_key(record, canonical))
         if candidates:
             pairs[index] = candidates.pop(0)
+    # A finding without a location is keyed by its title, whose figures change from run to run ("1.0 of 2
+    # cores free"): a rule's only one left over in each run is the same finding.
+    left: dict[str, list[int]] = {}
+    for key, indices in waiting.items():
+        if key[1] is None:
+            left.setdefault(key[0], []).extend(indices)
+    new: dict[str, list[int]] = {}
+    for index, record in enumerate(after):
+        if index not in pairs and record.location is None:
+            new.setdefault(_key(record, canonical)[0], []).append(index)
+    for code, indices in new.items():
+        if len(indices) == 1 and len(left.get(code, ())) == 1:
+            pairs[indices[0]] = left[code][0]
     return pairs
 
 

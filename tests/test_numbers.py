@@ -1,0 +1,30 @@
+"""One set of numbers: a starved run's title, evidence, saving, breakdown and median step tell the same story."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conftest import Gpudoctor
+from gpudoctor.analysis import Run
+from gpudoctor.engine import builtin_rules, run_rules
+from gpudoctor.report.model import build_report
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "starved_training.py"
+
+
+def test_a_starved_runs_figures_agree(gd: Gpudoctor) -> None:
+    result = gd.profile(str(EXAMPLE), "--samples", "480")
+    assert result.returncode == 0, result
+    run = Run.from_bundle(result.run_dir)
+    report = build_report(run, run_rules(run, builtin_rules()))
+    finding = next(f for f in result.findings()["findings"] if f["code"] == "GD101")
+    title_share = int(re.search(r"waits (\d+)% of its time", finding["title"]).group(1)) / 100
+    breakdown = {p["phase"]: p["share"] for p in report["breakdown"]["phases"]}
+    evidence = {e["name"]: e["value"] for e in finding["evidence"]}
+    median = report["run"]["median_step_s"]
+    assert abs(title_share - breakdown["data_wait"]) <= 0.05, (title_share, breakdown)
+    assert abs(evidence["step time"] / 1e3 - median) <= 0.1 * median, (evidence, median)
+    assert abs(report["breakdown"]["mean_step_s"] - median) <= 0.15 * median  # no warm-up or start-up step in it
+    assert finding["saving_s"] == round(finding["impact"] * median, 6)  # the saving is of the step shown
+    assert finding["impact"] <= title_share + 0.005  # a what-if: never more than the wait it removes (title rounded)
