@@ -35,20 +35,20 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     busy = sum(s.gpu_busy_s or 0.0 for s in steps) / wall
     wait = sum(s.data_wait_s for s in steps) / wall
     stalled = (run.sync_stall_s or 0.0) / wall
-    kernels = [k for s in steps for k in gpu.kernels_in(s.start, s.end)]
+    durations = [d for s in steps for d in gpu.kernels_in(s.start, s.end).durations()]  # a float per kernel
     if (run.python_threads_sharing or 1) > 1:
         return
-    if not kernels or busy + stalled >= max_busy_share or wait >= max_wait_share:
+    if not durations or busy + stalled >= max_busy_share or wait >= max_wait_share:
         return
-    if (1 - busy - stalled) * wall / len(kernels) * 1e6 > max_idle_per_kernel_us:
+    if (1 - busy - stalled) * wall / len(durations) * 1e6 > max_idle_per_kernel_us:
         return  # the host does other work between launches
-    median_us = statistics.median(k.dur for k in kernels) * 1e6
+    median_us = statistics.median(durations) * 1e6
     if median_us >= max_median_kernel_us:
         return
     loader = run.loader.main
     batch = loader.batch_size if loader else None
     headroom = _memory_headroom(steps, run)
-    evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(len(kernels) / len(steps)),
+    evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(len(durations) / len(steps)),
                 "median kernel": (round(median_us, 1), "µs"), "batch size": batch}
     if headroom is not None:
         evidence["GPU memory used"] = (round(100 / headroom), "%")

@@ -8,9 +8,10 @@ fraction of the trace's size as JSON. A big trace (over DETAIL_MAX_BYTES of JSON
 views use: GPU ops, synchronizing CUDA calls, and the step, gpudoctor and DataLoader annotations; a
 small one keeps every CUDA runtime call, operator and Python frame as well (`TraceData.detail`).
 
-Each chunk is decoded into `_Event` Structs (the keys the views use, nothing else built) and the GPU ops are made
-from them in one loop; a chunk those Structs cannot take (an unexpected type somewhere in it) is read as dicts
-instead, by the same rules, so both give the same records.
+Each chunk is decoded into `_Event` Structs (the keys the views use, nothing else built) and the GPU ops are added
+from them in one loop to the columns of `GpuOps` (about 50 bytes an op; a GpuOp is made only when one is read); a
+chunk those Structs cannot take (an unexpected type somewhere in it) is read as dicts instead, by the same rules,
+so both give the same records.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 
 import msgspec
 
+from gpudoctor.analysis.gpu_ops import GPU_KINDS, INT64, NO_ID, GpuOps
+from gpudoctor.analysis.gpu_ops import GpuOp as GpuOp  # re-exported: the records of a trace are defined here
 from gpudoctor.bundle import EventFilter, TraceNotStreamable, TraceStream, read_trace
 from gpudoctor.bundle.trace_file import json_size
 from gpudoctor.bundle.trace_stream import TypedEvents
@@ -34,26 +37,9 @@ _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaStreamWaitEvent")
 SYNC_RUNTIME = frozenset((*SYNC_CALLS, "cudaMemcpy"))  # the runtime calls the views use (sync stalls)
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_KIND_CODES = {cat: GPU_KINDS.index(kind) for cat, kind in GPU_CATEGORIES.items()}
 DETAIL_MAX_BYTES = 32 << 20  # JSON size up to which every host event is kept
 RUNTIME_CATEGORIES = frozenset(("cuda_runtime", "cuda_driver"))
-
-
-@dataclass(frozen=True, slots=True)
-class GpuOp:
-    """One kernel, memcpy or memset on a GPU stream, from the trace (times in seconds since the epoch)."""
-
-    kind: str  # kernel | memcpy | memset
-    name: str
-    start: float
-    end: float
-    device: int
-    stream: int
-    bytes: int | None
-    correlation: int | None
-
-    @property
-    def dur(self) -> float:
-        return self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +94,7 @@ class _Event(msgspec.Struct, gc=False):
 @dataclass
 class TraceData:
     path: Path
-    gpu_ops: list[GpuOp] = field(default_factory=list)
+    gpu_ops: GpuOps = field(default_factory=GpuOps)  # by start
     runtime: list[HostSpan] = field(default_factory=list)
     annotations: list[HostSpan] = field(default_factory=list)
     python: list[HostSpan] = field(default_factory=list)
@@ -172,7 +158,8 @@ def _parse(path: Path, batches: Iterable[list[Any]], meta: dict[str, Any], detai
     by_start = attrgetter("start")
     for spans in (data.runtime, data.annotations, data.python, data.ops):
         spans.sort(key=by_start)
-    data.gpu_ops.sort(key=by_start)
+    data.gpu_ops.columns.names = list(builder.gpu_names)
+    data.gpu_ops.columns.sort()
     return data
 
 
@@ -195,6 +182,7 @@ class _Builder:
         self.data, self.base, self.detail = data, base, detail
         self.wanted = _categories(detail)
         self.names: dict[str, str] = {}
+        self.gpu_names: dict[Any, int] = {}  # a GPU op's name -> its index in the names of the GpuOps' columns
 
     def add(self, events: list[Any]) -> None:
         """Add a batch: _Event Structs (a chunk decoded whole) or dicts (parsed, or picked), never both."""
@@ -206,8 +194,13 @@ class _Builder:
     def _add_typed(self, events: list[_Event]) -> None:
         """The batch's GPU ops built in the loop (most events of a GPU-heavy trace), the other events it keeps by
         _add_host. Each value is converted and checked as _add_event does, so both give the same records."""
-        gpu_kind, host, add_host = GPU_CATEGORIES.get, self.wanted.difference(GPU_CATEGORIES), self._add_host
-        base, intern, ops, inf, unset = self.base, self.names.setdefault, self.data.gpu_ops, math.inf, msgspec.UNSET
+        gpu_kind, host, add_host = _KIND_CODES.get, self.wanted.difference(GPU_CATEGORIES), self._add_host
+        base, inf, unset, names = self.base, math.inf, msgspec.UNSET, self.gpu_names
+        columns = self.data.gpu_ops.columns
+        add_kind, add_name, add_start, add_end = (columns.kinds.append, columns.name_ids.append,
+                                                  columns.starts.append, columns.ends.append)
+        add_device, add_stream, add_bytes = columns.devices.append, columns.streams.append, columns.bytes.append
+        add_correlation, correlations = columns.add_correlation, columns.correlations.append
         for e in events:
             if e.ph != "X":
                 continue
@@ -226,9 +219,21 @@ class _Builder:
                     device, stream = int(device or 0), int(stream or 0)
                 except (TypeError, ValueError, OverflowError):
                     continue
-            name = e.name
-            ops.append(GpuOp(kind, intern(name, name), start, start + dur, device, stream, args.bytes,
-                             args.correlation))
+            add_kind(kind)
+            name_id = names.get(e.name)
+            if name_id is None:
+                name_id = names[e.name] = len(names)
+            add_name(name_id)
+            add_start(start)
+            add_end(start + dur)
+            add_device(device)
+            add_stream(stream)
+            add_bytes(args.bytes)
+            correlation = args.correlation
+            if type(correlation) is int and NO_ID < correlation < INT64:
+                correlations(correlation)
+            else:
+                add_correlation(correlation)
 
     def _add_host(self, e: _Event) -> None:
         """A CUDA runtime call, an annotation, an operator or a Python frame, as _add_event takes it."""
@@ -289,13 +294,14 @@ class _Builder:
             return  # NaN, infinite or negative: a malformed event, skipped like any other
         end = start + dur
         args = event.get("args") or {}
-        name = self._name(name)
         if cat in GPU_CATEGORIES:
-            data.gpu_ops.append(GpuOp(
-                GPU_CATEGORIES[cat], name, start, end, int(args.get("device", event.get("pid", 0)) or 0),
-                int(args.get("stream", event.get("tid", 0)) or 0), args.get("bytes"), args.get("correlation"),
-            ))
-        elif cat in ("cuda_runtime", "cuda_driver"):
+            device = int(args.get("device", event.get("pid", 0)) or 0)
+            stream = int(args.get("stream", event.get("tid", 0)) or 0)
+            data.gpu_ops.columns.add(_KIND_CODES[cat], self.gpu_names.setdefault(name, len(self.gpu_names)), start,
+                                     end, device, stream, args.get("bytes"), args.get("correlation"))
+            return
+        name = self._name(name)
+        if cat in ("cuda_runtime", "cuda_driver"):
             data.runtime.append(HostSpan("runtime", name, start, end, _tid(event), correlation=args.get("correlation")))
         elif cat == "user_annotation":
             match = _STEP.match(name)
