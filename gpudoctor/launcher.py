@@ -62,6 +62,7 @@ from gpudoctor.collect.samplers import Samplers
 from gpudoctor.collect.stub import child_command
 from gpudoctor.collect.window import LOG
 from gpudoctor.errors import EXIT_TIMEOUT, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
+from gpudoctor.ranks import torchrun_rank
 from gpudoctor.ui.status_line import Progress
 
 STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
@@ -125,8 +126,13 @@ def _did_you_mean(path: Path) -> str:
 
 
 def make_run_dir(request: ProfileRequest) -> Path:
+    """The run directory, made and emptied of an earlier run's files. Under torchrun (`torchrun ... -m gpudoctor
+    profile ...`) each rank writes its own bundle, `rank-K/`, in the run directory its ranks share."""
+    rank = torchrun_rank()
     if request.out is not None:
         run_dir = request.out
+    elif rank is not None:  # every rank's parent is torchrun's agent: one directory for them all
+        run_dir = Path("gpudoctor-runs") / f"{request.target_name}-torchrun-{os.getppid()}"
     else:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}"
@@ -134,6 +140,8 @@ def make_run_dir(request: ProfileRequest) -> Path:
         while run_dir.exists():
             suffix += 1
             run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}-{suffix}"
+    if rank is not None:
+        run_dir = run_dir / f"rank-{rank}"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         _remove_previous_run(run_dir)

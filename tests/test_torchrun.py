@@ -1,0 +1,45 @@
+"""Under torchrun (`torchrun ... -m gpudoctor profile ...`), every rank writes its own complete bundle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import RUN_TIMEOUT_S, WINDOW, Gpudoctor, env_with, script
+from gpudoctor.analysis import Run
+
+
+def _torchrun(gd: Gpudoctor, *gpudoctor_args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "gpudoctor", "profile", *gpudoctor_args]
+    return subprocess.run(command, cwd=gd.cwd, env=env_with(), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+
+
+def test_each_rank_writes_its_own_bundle(gd: Gpudoctor) -> None:
+    result = _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"ddp_train: rank {rank} of 2 did 10 steps" in result.stdout
+        bundle = gd.cwd / "run" / f"rank-{rank}"
+        findings = json.loads((bundle / "findings.json").read_text())
+        assert findings["run"]["step_source"] == "optimizer"
+        assert (bundle / "report.html").is_file() and (bundle / "trace.json.gz").is_file()
+        assert len(Run.from_bundle(bundle).all_steps) == 10
+
+
+def test_the_default_run_directory_holds_every_rank(gd: Gpudoctor) -> None:
+    result = _torchrun(gd, *WINDOW, script("ddp_train.py"), "--steps", "6")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (gd.cwd / "gpudoctor-runs").iterdir()
+    assert run_dir.name.startswith("ddp_train-torchrun-")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["rank-0", "rank-1"]
+
+
+def test_analyze_of_the_shared_directory_names_the_rank_bundles(gd: Gpudoctor) -> None:
+    assert _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "6").returncode == 0
+    result = gd.run("analyze", "run")
+    assert result.returncode == 65
+    assert result.first_message == ("gpudoctor: run holds one bundle per torchrun rank (rank-0, rank-1): analyse "
+                                    "each, e.g. gpudoctor analyze run/rank-0.")
