@@ -7,13 +7,6 @@ from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
 
-
-def _gpu_idle_share(run: Run) -> float | None:
-    measured = [s for s in run.steps if s.gpu_idle_s is not None]
-    wall = sum(s.wall_s for s in measured)
-    return sum(s.gpu_idle_s or 0.0 for s in measured) / wall if wall else None
-
-
 DEFAULT_SWITCH_INTERVAL_S = 0.005  # CPython's default, for a bundle that did not record the script's own
 
 
@@ -49,7 +42,7 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     busy = main.sharing_among(python_ids) if python_ids is not None else main.busy_threads
     if busy < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
         return
-    idle = _gpu_idle_share(run)
+    idle = run.gpu_idle_share
     site = threads[0].location if threads else None
     yield Finding(
         f"{busy} busy Python threads share one GIL: the process runs on {main.cpu_mean:.1f} cores",
@@ -157,7 +150,7 @@ def _steady_wait_share(run: Run) -> float | None:
 
 def _host_bound_share(run: Run) -> float | None:
     """The share of the step the GPU idles (or, with no GPU timeline, the host waits for data)."""
-    idle = _gpu_idle_share(run)
+    idle = run.gpu_idle_share
     if idle is not None:
         return idle
     if not run.steps:

@@ -105,20 +105,21 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
     """Of the findings on one line (or without one) whose rules claim the same share of the step, the most severe
     (then the largest) keeps its impact; the others keep their place and evidence, with no impact and a reason
     naming the one that counts that time."""
+    def share_key(record: FindingRecord) -> tuple[str, str | None, int | None] | None:
+        share, loc = claims.get(record.code), record.location
+        return (share, loc.file if loc else None, loc.line if loc else None) if share else None
+
     holders: dict[tuple[str, str | None, int | None], FindingRecord] = {}
     # The most severe first (GD201's pageable copy before GD202's note on the same line), then the largest.
     for record in sorted(records, key=lambda r: (-SEVERITIES.index(r.severity), -(r.impact or 0.0), r.code)):
-        share = claims.get(record.code)
-        if share is None or record.impact is None:
-            continue
-        loc = record.location
-        holders.setdefault((share, loc.file if loc else None, loc.line if loc else None), record)
-    kept = {id(r) for r in holders.values()}
+        key = share_key(record)
+        if key is not None and record.impact is not None:
+            holders.setdefault(key, record)
     out = []
     for record in records:
-        share, loc = claims.get(record.code), record.location
-        holder = holders.get((share, loc.file if loc else None, loc.line if loc else None)) if share else None
-        if holder is None or id(record) in kept or record.impact is None or holder.code == record.code:
+        key = share_key(record)
+        holder = holders.get(key) if key is not None else None
+        if holder is None or holder is record or record.impact is None:
             out.append(record)
             continue
         out.append(msgspec.structs.replace(record, impact=None, saving_s=None,
