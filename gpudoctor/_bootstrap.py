@@ -31,6 +31,8 @@ from gpudoctor.collect.recorder import ExceptionDetails, MaxStepsReached, Record
 SIGTERM_FINISH_GRACE_S = 60.0
 # After --max-steps, how long the script's helper processes get to end by themselves before they are terminated.
 HELPER_GRACE_S = 2.0
+# How long a torch.distributed program's native threads get to finish with Python objects before shutdown.
+NATIVE_SETTLE_S = 0.1
 
 _INTERNAL_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -99,6 +101,7 @@ def main(argv: list[str]) -> None:
         sys.exit(0)
     except SystemExit as exc:
         _finish(recorder, instrumentation, "exit", code=_exit_code(exc.code))
+        _let_native_threads_settle()
         raise
     except KeyboardInterrupt as exc:
         _finish(recorder, instrumentation, "interrupted")
@@ -114,6 +117,19 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     else:
         _finish(recorder, instrumentation, "completed")
+        _let_native_threads_settle()
+
+
+def _let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:
+    """Before the interpreter shuts down, give torch.distributed's own threads the GIL for a moment.
+
+    A gloo worker thread that frees a finished collective releases a Python object (the context that backward()
+    stores for it); if that happens after shutdown has begun, the thread cannot take the GIL and the process
+    aborts ("terminate called without an active exception"). Plain torchrun runs hit it too, rarely; the time
+    gpudoctor spends writing at the end made it likelier, so it waits here while holding nothing.
+    """
+    if "torch.distributed" in sys.modules:
+        time.sleep(pause_s)
 
 
 def _stop_helpers(grace_s: float = HELPER_GRACE_S) -> None:

@@ -38,7 +38,8 @@ def test_the_default_run_directory_holds_every_rank(gd: Gpudoctor) -> None:
 
 
 def test_analyze_of_the_shared_directory_names_the_rank_bundles(gd: Gpudoctor) -> None:
-    assert _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "6").returncode == 0
+    ranks = _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "6")
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
     result = gd.run("analyze", "run")
     assert result.returncode == 65
     assert result.first_message == ("gpudoctor: run holds one bundle per torchrun rank (rank-0, rank-1): analyse "
