@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.diagnose import (
+    PreparedRules,
     prepare_rules,
 )
-from gpudoctor.errors import EXIT_FINDINGS
+from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
 from gpudoctor.launcher import ProfileOutcome, ProfileRequest
 from gpudoctor.launcher import profile as run_profile
+from gpudoctor.report.document import Report
+from gpudoctor.torchrun_launch import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
 
 if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
     from typer._click.core import Command as _ClickCommand
@@ -35,8 +38,10 @@ from gpudoctor.cli.app import (
     _diagnose_into,
     _fails,
     _formats,
+    _say,
     _say_each,
     _selection,
+    _write,
     app,
 )
 
@@ -83,7 +88,9 @@ PROFILE_ARGS = "gpudoctor.profile_args"
 def profile(
     ctx: typer.Context,
     script: Annotated[str | None, typer.Argument(
-        metavar="SCRIPT", help="The script to run; everything after it is the script's own arguments.",
+        metavar="SCRIPT", help="The script to run; everything after it is the script's own arguments. "
+                               "`torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS]` (or -m torch.distributed.run ...) "
+                               "profiles every rank of the job: RUN/rank-K/ each, and one merged report.",
         show_default=False)] = None,
     module: Annotated[str | None, typer.Option(
         "-m", "--module", metavar="MODULE", help="Run a module, as `python -m`.")] = None,
@@ -120,6 +127,11 @@ def profile(
     if module is not None and script is not None:
         args.insert(0, script)
         script = None
+    if is_torchrun(script, module):
+        _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
+        job = _torchrun_job(args)
+        prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
+        _profile_job(job, out, _rank_options(ctx), prepared, formats, fail_on)
     request = ProfileRequest(
         script=script, module=module, args=args, out=out,
         window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
@@ -139,6 +151,56 @@ def profile(
     if status == 0 and report is not None and _fails(report, fail_on):
         status = EXIT_FINDINGS
     raise typer.Exit(status)
+
+
+# The options each rank's `gpudoctor profile` takes as they were given; --out, --format and --fail-on are the job's.
+RANK_OPTIONS = ("wait_steps", "warmup_steps", "active_steps", "detail_steps", "max_steps", "timeout", "with_stack",
+                "every", "rules", "select", "ignore", "rule_option", "rule_timeout")
+
+
+def _torchrun_job(args: list[str]) -> TorchrunJob:
+    try:
+        return parse_torchrun(args)
+    except TorchrunUsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _rank_options(ctx: typer.Context) -> list[str]:
+    """The rank options the user gave on the command line, as each rank's `gpudoctor profile` takes them."""
+    passed: list[str] = []
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if param.name not in RANK_OPTIONS or source is None or source.name != "COMMANDLINE":
+            continue
+        name, value = max(param.opts, key=len), ctx.params[param.name]
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            passed += [name] if isinstance(one, bool) else [name, str(one)]
+    return passed
+
+
+def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], prepared: PreparedRules,
+                 formats: tuple[str, ...], fail_on: str | None) -> NoReturn:
+    """Run torchrun with `gpudoctor profile` as each rank, then merge the rank bundles into one report."""
+    outcome = run_job(job, out, rank_options)
+    _say_each(outcome.message)
+    report = _merge_into(outcome.run_dir, prepared, formats)
+    status = outcome.exit_status
+    if status == 0 and report is not None and _fails(report, fail_on):
+        status = EXIT_FINDINGS
+    raise typer.Exit(status)
+
+
+def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
+    """The job's merged report, written into run_dir; a failure is said but never hides torchrun's status."""
+    from gpudoctor.job import diagnose_job
+
+    try:
+        report = diagnose_job([run_dir], prepared)
+        _write(report, run_dir, formats)
+    except GpudoctorError as exc:
+        _say(f"the rank bundles were written to {run_dir}, but the merged report could not be made: {exc}")
+        return None
+    return report
 
 
 def _misplaced_options(ctx: typer.Context, request: ProfileRequest, outcome: ProfileOutcome) -> str | None:

@@ -1,0 +1,203 @@
+"""`gpudoctor profile ... torchrun ...`: profile every rank of a torchrun job, never torchrun's agent itself.
+
+gpudoctor rewrites the command into the form where gpudoctor runs inside torchrun,
+`python -m torch.distributed.run OPTIONS -m gpudoctor profile --out RUN ... SCRIPT ARGS`, so that each rank is a
+`gpudoctor profile` that writes its own bundle, RUN/rank-K/; the command line then merges them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpudoctor.bundle import FINDINGS, REPORT, Manifest, read_manifest
+from gpudoctor.errors import BundleError, GpudoctorError, OutputNotWritableError
+from gpudoctor.launcher import _remove_previous_run, _Supervisor, _terminal_sent_to_group, check_script, exit_status_of
+
+TORCHRUN_MODULE = "torch.distributed.run"
+RANK_FORMATS = "json,html"  # the ranks print no summary of their own: the merged one is printed once, at the end
+FINE_ENDINGS = ("completed", "max_steps")
+
+
+class TorchrunUsageError(GpudoctorError):
+    """torchrun's arguments cannot be profiled as given (a usage error: exit status 2)."""
+
+    exit_status = 2
+
+
+@dataclass(frozen=True)
+class TorchrunJob:
+    """A torchrun command taken apart: torchrun's own options, and what each rank runs."""
+
+    options: list[str]  # torchrun's options, its -m/--module left out (the ranks run `-m gpudoctor`)
+    script: str | None
+    module: str | None
+    args: list[str]
+
+    @property
+    def name(self) -> str:
+        return self.module or Path(self.script or "script").stem
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    run_dir: Path
+    exit_status: int  # torchrun's own, a signal N as 128 + N
+    message: str | None  # one sentence when torchrun failed: which ranks, and how
+
+
+def is_torchrun(script: str | None, module: str | None) -> bool:
+    """Whether the target is torchrun (`-m torch.distributed.run`, or the `torchrun` console script)."""
+    if module is not None:
+        return module == TORCHRUN_MODULE
+    if script is None or Path(script).name != "torchrun":
+        return False
+    # A bare `torchrun` is a file of the working directory if there is one, as `python torchrun` would run it.
+    return script != "torchrun" or (not Path(script).exists() and shutil.which(script) is not None)
+
+
+def parse_torchrun(args: list[str]) -> TorchrunJob:
+    """torchrun's arguments split where its own parser finds the script (or module) to run."""
+    from torch.distributed.run import get_args_parser  # torch only for this form: it takes a second to import
+
+    parser = get_args_parser()
+    parser.error = _refuse  # type: ignore[method-assign]  # a usage error in one sentence, instead of argparse's usage and exit
+    parsed = parser.parse_args(args)
+    if parsed.no_python:
+        raise TorchrunUsageError("torchrun's --no-python runs the script as a program, but gpudoctor profiles each "
+                                 "rank as a Python process: leave --no-python out.")
+    if parsed.run_path:
+        raise TorchrunUsageError("torchrun's --run-path runs the script through runpy.run_path, but gpudoctor runs "
+                                 "each rank's script itself, as python would: leave --run-path out.")
+    target, target_args = parsed.training_script, list(parsed.training_script_args)
+    start = _target_index(args, target, target_args)
+    options = [arg for arg in args[:start] if arg != "--" and not _is_module_flag(arg)]
+    return TorchrunJob(options, None if parsed.module else target, target if parsed.module else None, target_args)
+
+
+def _refuse(message: str) -> NoReturn:
+    if "training_script" in message:
+        raise TorchrunUsageError("give torchrun a script to run after its options, or -m MODULE.")
+    raise TorchrunUsageError(f"torchrun cannot read its arguments: {message}.")
+
+
+def _target_index(args: list[str], target: str, target_args: list[str]) -> int:
+    """Where the script starts: the first place it stands followed by its arguments (argparse drops the first `--`)."""
+    for i, arg in enumerate(args):
+        rest = args[i + 1:]
+        if arg == target and (rest == target_args or (rest[:1] == ["--"] and rest[1:] == target_args)):
+            return i
+    return args.index(target)  # not reached: the parser took the target from args
+
+
+def _is_module_flag(arg: str) -> bool:
+    """torchrun's -m, also as argparse takes it abbreviated (--mod, --modu, ...)."""
+    return arg == "-m" or (arg.startswith("--mod") and "--module".startswith(arg))
+
+
+def rank_command(job: TorchrunJob, run_dir: Path, rank_options: list[str]) -> list[str]:
+    """torchrun with `gpudoctor profile` as each rank, all writing into run_dir."""
+    target = ["-m", job.module] if job.module is not None else ["--", job.script or ""]
+    return [sys.executable, "-m", TORCHRUN_MODULE, *job.options, "-m", "gpudoctor", "profile",
+            "--out", str(run_dir), "--format", RANK_FORMATS, *rank_options, *target, *job.args]
+
+
+def make_job_dir(out: Path | None, name: str) -> Path:
+    """The job's run directory, as launcher.make_run_dir makes one: the default is stamped, --out is reused, its
+    earlier files (the merged report, earlier rank bundles) removed so that they do not mix with this job's."""
+    run_dir = out if out is not None else _stamped(Path("gpudoctor-runs"), f"{name}-torchrun")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name_ in (FINDINGS, REPORT):
+            (run_dir / name_).unlink(missing_ok=True)
+        for rank_dir, _ in _rank_dirs(run_dir):
+            _remove_previous_run(rank_dir)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputNotWritableError(
+            f"cannot write to {run_dir} ({exc.strerror}); choose another directory with --out.") from None
+    return run_dir.resolve()
+
+
+def _stamped(parent: Path, name: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir, suffix = parent / f"{name}-{stamp}", 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = parent / f"{name}-{stamp}-{suffix}"
+    return run_dir
+
+
+def _rank_dirs(run_dir: Path) -> Iterator[tuple[Path, int]]:
+    """Each rank-K bundle directory in run_dir, with K, in rank order."""
+    found = [(path, int(path.name[5:])) for path in run_dir.glob("rank-*")
+             if path.is_dir() and path.name[5:].isdigit()]
+    yield from sorted(found, key=lambda pair: pair[1])
+
+
+class _AgentSupervisor(_Supervisor):
+    """Passes Ctrl-C and SIGTERM on to torchrun's agent, as the launcher does to a script, but never kills the agent:
+    the ranks run in sessions of their own, and only the agent stops them."""
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if not _terminal_sent_to_group():  # the terminal's Ctrl-C reached torchrun already
+            self.child.send_signal(signal.SIGINT)
+
+
+def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str]) -> JobOutcome:
+    """Run torchrun with gpudoctor inside it and wait for it; the ranks' output is the terminal's."""
+    if job.script is not None:
+        check_script(job.script)  # once here, rather than once per rank
+    run_dir = make_job_dir(out, job.name)
+    agent = subprocess.Popen(rank_command(job, run_dir, rank_options))
+    returncode = _AgentSupervisor(agent, None).wait()
+    status = exit_status_of(returncode)
+    return JobOutcome(run_dir, status, None if returncode == 0 else failure_sentence(run_dir, returncode))
+
+
+def failure_sentence(run_dir: Path, returncode: int) -> str:
+    """How torchrun ended and which ranks failed, as their manifests record it: the failures before the ranks
+    that were only stopped (torchrun stops the others when one fails)."""
+    status = exit_status_of(returncode)
+    head = (f"torchrun was killed by {signal.Signals(-returncode).name} (exit status {status})" if returncode < 0
+            else f"torchrun exited with status {status}")
+    ranks = [(rank, _rank_manifest(rank_dir)) for rank_dir, rank in _rank_dirs(run_dir)]
+    failed = [_rank_failure(rank, manifest) for rank, manifest in ranks]
+    said = sorted((s for s in failed if s), key=lambda s: " was stopped " in s)
+    return f"{head}; {', '.join(said)}." if said else f"{head}."
+
+
+def _rank_manifest(rank_dir: Path) -> Manifest | None:
+    try:
+        return read_manifest(rank_dir)
+    except (BundleError, OSError):
+        return None
+
+
+def _rank_failure(rank: int, manifest: Manifest | None) -> str | None:
+    """How one rank ended, when not well ('rank 1 failed (status 1: ValueError: ...)'); None when it did."""
+    end = manifest.exit if manifest is not None else None
+    if end is None:
+        return f"rank {rank} ended before its bundle was finished"
+    if end.ending in FINE_ENDINGS:
+        return None
+    if end.ending in ("signal", "interrupted") and end.signal:
+        return f"rank {rank} was stopped by {end.signal} (status {end.status})"
+    if end.ending == "timeout":
+        return f"rank {rank} was stopped by --timeout (status {end.status})"
+    raised = end.exception if end.ending == "exception" else None
+    if raised is not None and raised.exception:
+        lines = (raised.message or "").strip().splitlines()
+        message = lines[0][:120] if lines else ""
+        return f"rank {rank} failed (status {end.status}: {raised.exception}{': ' + message if message else ''})"
+    return f"rank {rank} failed (status {end.status})"
+
