@@ -15,6 +15,7 @@ from gpudoctor.diagnose import (
     prepare_rules,
 )
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
+from gpudoctor.job import diagnose_job
 from gpudoctor.launcher import ProfileOutcome, ProfileRequest
 from gpudoctor.launcher import profile as run_profile
 from gpudoctor.report.document import Report
@@ -192,8 +193,6 @@ def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], pr
 
 def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
     """The job's merged report, written into run_dir; a failure is said but never hides torchrun's status."""
-    from gpudoctor.job import diagnose_job
-
     try:
         report = diagnose_job([run_dir], prepared)
         _write(report, run_dir, formats)
