@@ -90,10 +90,6 @@ def analysis_input(path: Path) -> tuple[Path, str | None]:
     saying which."""
     if not path.is_dir() or (path / MANIFEST).exists():
         return path, None
-    ranks = sorted(r.name for r in path.glob("rank-*") if (r / MANIFEST).exists())
-    if ranks:
-        raise BundleError(f"{path} holds one bundle per torchrun rank ({', '.join(ranks)}): analyse each, e.g. "
-                          f"gpudoctor analyze {path / ranks[0]}.")
     traces = profiler_traces(path)
     if not traces:
         raise BundleError(f"{path} is neither a gpudoctor run directory (it has no {MANIFEST}) nor a TensorBoard "

@@ -318,9 +318,13 @@ class _Builder:
             data.ops.append(HostSpan("op", name, start, end, _tid(event)))
 
 
+# The annotations torch.distributed records around each collective on the host ("gloo:all_reduce", ...).
+COLLECTIVE_ANNOTATIONS = ("gloo:", "nccl:")
+
+
 def _kept_annotation(name: str) -> bool:
-    """The annotations a big trace keeps: steps, gpudoctor's phases and the DataLoader's waits."""
-    return name.startswith(("ProfilerStep#", "gpudoctor/")) or "DataLoader" in name
+    """The annotations a big trace keeps: steps, gpudoctor's phases, the DataLoader's waits, collectives."""
+    return name.startswith(("ProfilerStep#", "gpudoctor/", *COLLECTIVE_ANNOTATIONS)) or "DataLoader" in name
 
 
 def _tid(event: dict[str, Any]) -> int:

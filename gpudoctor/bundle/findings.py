@@ -57,6 +57,7 @@ class _FindingFields(TypedDict):
 
 
 class FindingJson(_FindingFields, total=False):
+    ranks: list[int]  # only in a torchrun job's merged findings, for a finding seen on some of its ranks
     windows: list[FindingWindowJson]  # only for a run profiled in several windows
 
 
@@ -136,7 +137,8 @@ class FindingWindow(_JsonRecord, kw_only=True, frozen=True):
 
 class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     """One finding: which rule, what it found, what it costs (`impact`, a share of step time, or None with
-    `impact_reason`), the evidence, where, and the fix. `windows` is set only for a run with several windows."""
+    `impact_reason`), the evidence, where, and the fix. `windows` is set only for a run with several windows,
+    `ranks` only in a torchrun job's merged findings (the ranks it was seen on)."""
 
     what: ClassVar[str] = "finding"
     code: str
@@ -152,10 +154,13 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     fix: str
     count: Annotated[int, msgspec.Meta(ge=1)] = 1
     doc: str = ""
+    ranks: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
     windows: list[FindingWindow] | None = None
 
     def to_json(self) -> FindingJson:
         plain = cast("FindingJson", self._plain())
+        if self.ranks is None:
+            del plain["ranks"]  # only a torchrun job's merged findings.json has it
         if self.windows is None:
             del plain["windows"]  # findings.json has the key only for a run profiled in several windows
         return plain

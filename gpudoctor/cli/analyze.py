@@ -34,6 +34,7 @@ from gpudoctor.diagnose import (
 )
 from gpudoctor.diffing import compare_runs, write_file
 from gpudoctor.errors import EXIT_FINDINGS, InputNotFoundError
+from gpudoctor.job import diagnose_job, is_job_dir
 from gpudoctor.report.diff_render import DIFF_FORMATS, render_diff
 from gpudoctor.ui.trace_progress import TraceProgress
 
@@ -41,9 +42,9 @@ from gpudoctor.ui.trace_progress import TraceProgress
 @app.command(cls=_Command, help=ANALYZE_HELP,
              short_help="Analyse a run directory, a profiler trace or a TensorBoard log.")
 def analyze(
-    path: Annotated[Path, typer.Argument(
-        metavar="PATH", help="A run directory, a torch.profiler trace (.json or .json.gz), or a TensorBoard "
-                             "profiler directory.")],
+    paths: Annotated[list[Path], typer.Argument(
+        metavar="PATH...", help="A run directory, a torch.profiler trace (.json or .json.gz), or a TensorBoard "
+                                "profiler directory; or the run directories of a torchrun job, one per node.")],
     out: Annotated[Path | None, typer.Option(
         "--out", metavar="DIR", help="Where to write findings.json and report.html.")] = None,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
@@ -53,9 +54,17 @@ def analyze(
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
     _check_fail_on(fail_on)
     formats = _formats(output_formats)
-    if not path.exists():
-        raise InputNotFoundError(f"{path} does not exist.")
+    for path in paths:
+        if not path.exists():
+            raise InputNotFoundError(f"{path} does not exist.")
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
+    if len(paths) > 1 or is_job_dir(paths[0]):  # a torchrun job: its ranks, merged
+        job_report = diagnose_job(paths, prepared, out or paths[0])
+        _write(job_report, out or paths[0], formats)
+        if _fails(job_report, fail_on):
+            raise typer.Exit(EXIT_FINDINGS)
+        return
+    path = paths[0]
     source, chosen = analysis_input(path)  # a TensorBoard directory's newest trace, said in one sentence
     if chosen:
         _say(chosen)

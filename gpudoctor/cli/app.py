@@ -109,7 +109,10 @@ PROFILE_HELP = ("Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profil
                                            "Exit status (the script's own when it fails, a signal N as 128+N):")
                 + "\n  124  --timeout stopped the script")
 ANALYZE_HELP = ("Re-analyse a run directory, or analyse a Chrome trace that torch.profiler wrote anywhere, or a "
-                "TensorBoard profiler directory (the newest of its *.pt.trace.json traces)." + EXIT_STATUS_HELP)
+                "TensorBoard profiler directory (the newest of its *.pt.trace.json traces). A torchrun job's run "
+                "directory (rank-0/, rank-1/, ...), or one per node (analyze NODE0_DIR NODE1_DIR), is analysed rank "
+                "by rank and merged: the merged findings.json and report.html go into the first directory, or --out."
+                + EXIT_STATUS_HELP)
 
 
 

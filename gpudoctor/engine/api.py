@@ -18,8 +18,10 @@ from gpudoctor.errors import RuleLoadError
 
 CATEGORIES = (
     "data_starvation", "blocking_copy", "sync_point", "gil_contention", "small_batch", "fork_after_cuda",
-    "cpu_oversubscription", "cpu_contention", "host_memory_pressure",
+    "cpu_oversubscription", "cpu_contention", "host_memory_pressure", "straggler", "communication",
 )
+# What a rule looks at: one process's run (a `Run`), or a torchrun job's ranks together (a `gpudoctor.job.Job`).
+SCOPES = ("run", "job")
 SEVERITIES = ("info", "warning", "critical")
 CODE_PATTERN = re.compile(r"^[A-Z][A-Z0-9]{0,7}[0-9]{3}$")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -68,6 +70,7 @@ class Rule:
     # The share of the step its impact claims (e.g. "data_wait"): of the findings, on one line, whose rules claim
     # the same share, only the largest keeps its impact (engine.runner), so no time is counted twice.
     claims: str | None = None
+    scope: str = "run"  # one of SCOPES
 
     @property
     def summary(self) -> str:
@@ -161,7 +164,7 @@ def _rule_options(func: Callable[..., Any], code: str, where: str) -> dict[str, 
 
 
 def rule(code: str, name: str, *, category: str, severity: str = "warning",
-         aliases: Iterable[str] = (), claims: str | None = None) -> Callable[[F], F]:
+         aliases: Iterable[str] = (), claims: str | None = None, scope: str = "run") -> Callable[[F], F]:
     """Declare a rule: `@rule("ACME101", "loader-starves-gpu", category="data_starvation")`.
 
     The decorated function takes a `Run` and yields `Finding`s; its docstring is the rule's documentation;
@@ -170,7 +173,8 @@ def rule(code: str, name: str, *, category: str, severity: str = "warning",
     rename: --select, --ignore, rule options, `rules explain` and gpudoctor.testing accept them too.
     `claims` names the share of the step the rule's impact is made of ("data_wait", "host_copy", "sync", ...):
     where several findings on one line claim the same share, the largest keeps its impact and the others say
-    whose it is.
+    whose it is. `scope="job"` declares a rule of a torchrun job: it takes a `gpudoctor.job.Job` (every rank's
+    run and findings) instead of a Run, and runs once per job.
     """
     known_as = tuple(aliases)
 
@@ -178,10 +182,12 @@ def rule(code: str, name: str, *, category: str, severity: str = "warning",
         where = f"{where_defined(func)}: "
         _check_declaration(code, name, category, severity, where)
         _check_aliases(code, known_as, where)
+        if scope not in SCOPES:
+            raise RuleLoadError(f"{where}rule {code} scope '{scope}' is unknown; use run or job.")
         if not (func.__doc__ or "").strip():
             raise RuleLoadError(f"{where}rule {code} has no docstring; its docstring is the documentation users read.")
         declared = Rule(code, name, category, severity, func, _rule_options(func, code, where),
-                        inspect.cleandoc(func.__doc__ or ""), known_as, claims=claims)
+                        inspect.cleandoc(func.__doc__ or ""), known_as, claims=claims, scope=scope)
         setattr(func, RULE_ATTRIBUTE, declared)
         return func
 

@@ -12,6 +12,7 @@ import threading
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpudoctor.analysis import NotEvaluated, Run
 from gpudoctor.bundle.findings import FindingRecord
@@ -49,7 +50,7 @@ class Outcome:
     stack: str = ""  # where a rule that timed out was when it was left behind
 
 
-def evaluate_rule(rule: Rule, run: Run, overrides: Mapping[str, object], limits: RuleLimits) -> Outcome:
+def evaluate_rule(rule: Rule, run: Run | Any, overrides: Mapping[str, object], limits: RuleLimits) -> Outcome:
     outcome = Outcome()
     thread = threading.Thread(target=_collect, args=(rule, run, overrides, limits, outcome),
                               name=f"gpudoctor-rule-{rule.code}", daemon=True)
@@ -62,7 +63,7 @@ def evaluate_rule(rule: Rule, run: Run, overrides: Mapping[str, object], limits:
                    stack=_stack_of(thread))
 
 
-def _collect(rule: Rule, run: Run, overrides: Mapping[str, object], limits: RuleLimits, outcome: Outcome) -> None:
+def _collect(rule: Rule, run: Run | Any, overrides: Mapping[str, object], limits: RuleLimits, outcome: Outcome) -> None:
     try:
         produced = rule.func(run, **{**rule.options, **overrides})
         if isinstance(produced, Finding):

@@ -87,7 +87,7 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     findings: list[FindingRecord] = []
     not_evaluated: list[NotEvaluatedRecord] = []
     errors: list[RuleErrorRecord] = []
-    declared = as_rules(rules)
+    declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
     for r in declared:
         outcome = evaluate_rule(r, run, options.get(r.code, {}), limits)
         if outcome.not_evaluated is not None:

@@ -48,7 +48,7 @@ class WindowSettingsJson(TypedDict):
     every_s: float | None
 
 
-class RunFacts(TypedDict):
+class _RunFields(TypedDict):
     script: str | None
     module: bool
     args: list[str]
@@ -75,6 +75,27 @@ class RunFacts(TypedDict):
     window: WindowSettingsJson | None
     trace_only: bool
     trace: str | None
+
+
+class RankJson(TypedDict):
+    """One rank of a torchrun job, in the merged findings.json (figures per step are medians of its analysed
+    steps; see gpudoctor.job.figures)."""
+
+    rank: int
+    median_step_s: float | None
+    data_wait_s: float | None
+    collective_s: float | None
+    collective_wait_s: float | None
+    gpu_idle_s: float | None
+    steps_analysed: int
+    ending: str | None
+    exit_status: int | None
+    bundle: str
+
+
+class RunFacts(_RunFields, total=False):
+    world_size: int  # only in a torchrun job's merged findings.json
+    ranks: list[RankJson]
 
 
 class NotMeasuredRow(TypedDict):
@@ -256,6 +277,15 @@ class WindowRow(WindowStats):
     charted: bool
 
 
+class RankRow(TypedDict):
+    """A rank of a torchrun job in the merged report: its figures, its own report and its per-step chart."""
+
+    figures: RankJson
+    report_href: str | None  # the rank's report.html, relative to the merged one
+    problems: int
+    chart: StepChart | None
+
+
 # -- the documents -------------------------------------------------------------------------------------
 class Report(TypedDict):
     schema_version: int
@@ -269,6 +299,7 @@ class Report(TypedDict):
     cards: list[Card]
     links: Links
     windows: list[WindowRow]
+    ranks: list[RankRow]  # a torchrun job's merged report: one row per rank (empty for one process's run)
     findings: list[FindingJson]
     not_evaluated: list[NotEvaluatedJson]
     errors: list[RuleErrorJson]

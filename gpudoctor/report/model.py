@@ -53,7 +53,7 @@ from gpudoctor.report.document import (
     WindowSettingsJson,
 )
 
-__all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "link_outputs", "source_snippet"]
+__all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "finding_cards", "link_outputs", "source_snippet"]
 
 COLLECTOR_LABELS = {
     "host": "host and process samples", "nvml": "GPU samples (NVML)", "profiler": "profiler trace",
@@ -265,6 +265,12 @@ def _card(index: int, record: FindingRecord, shown: FindingJson, run: Run, docs:
     }
 
 
+def finding_cards(records: list[FindingRecord], run: Run, docs: Mapping[str, str]) -> list[Card]:
+    """A card for each finding, its source lines read from `run`'s working directory."""
+    created = _created(run)
+    return [_card(i, record, record.to_json(), run, docs, created) for i, record in enumerate(records)]
+
+
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
                  windows: list[WindowStats] | None = None) -> Report:
     """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
@@ -298,6 +304,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
                   for i, (f, shown) in enumerate(zip(result.findings, findings))],
         "links": _links(run),
         "windows": _windows(run, windows or []),
+        "ranks": [],
         "findings": findings,
         "not_evaluated": [row.to_json() for row in result.not_evaluated],
         "errors": [row.to_json() for row in result.errors],

@@ -87,6 +87,14 @@ def _location(finding: FindingJson) -> str:
     return f" at {loc['file']}:{loc['line']}" if loc else ""
 
 
+def _on_ranks(finding: FindingJson) -> str:
+    """' (rank 1)', ' (ranks 0, 1)' for a finding of a torchrun job's rank; nothing for one of the whole job."""
+    ranks = finding.get("ranks")
+    if not ranks:
+        return ""
+    return f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+
+
 def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> str:
     """The one-screen terminal summary."""
     run = report["run"]
@@ -111,7 +119,8 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         impact = ""
         if finding.get("impact"):
             impact = f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
-        lines.append(f"  [{finding['severity']}] {finding['code']} {finding['title']}{impact}{_location(finding)}")
+        lines.append(f"  [{finding['severity']}] {finding['code']}{_on_ranks(finding)} {finding['title']}{impact}"
+                     f"{_location(finding)}")
         if len(windows) > 1 and finding.get("windows"):
             lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
         if finding.get("fix"):

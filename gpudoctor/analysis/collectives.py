@@ -1,0 +1,49 @@
+"""Time a rank spends in collectives (all-reduce, broadcast, ...), step by step.
+
+On the GPU a collective is an NCCL kernel: it starts when launched and ends when every rank has joined and the
+data has moved, so a rank that waits for a slower one shows a long kernel. On the CPU (the gloo backend) the
+trace has gloo's own annotation around each collective ("gloo:all_reduce"), timed the same way on gloo's thread.
+A collective's time is the union of those intervals within a step: the transfer itself, plus any wait for the
+slowest rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from gpudoctor import intervals
+from gpudoctor.analysis.trace import COLLECTIVE_ANNOTATIONS, TraceData
+from gpudoctor.analysis.views import Step
+
+
+def is_collective_kernel(name: str) -> bool:
+    """NCCL's kernels: ncclKernel_AllReduce_..., ncclDevKernel_..., and the like."""
+    return "nccl" in name.lower()
+
+
+def collective_spans(trace: TraceData | None) -> intervals.Disjoint | None:
+    """The union of the trace's collectives: NCCL kernels if it has any (the host's "nccl:" annotations time only
+    the launch), else gloo's annotations. None when the trace has no collective at all."""
+    if trace is None:
+        return None
+    kernels = [(op.start, op.end) for op in trace.gpu_ops if op.kind == "kernel" and is_collective_kernel(op.name)]
+    spans = kernels or [(a.start, a.end) for a in trace.annotations if a.name.startswith(COLLECTIVE_ANNOTATIONS)]
+    if not spans:
+        return None
+    starts, ends = zip(*sorted(spans))
+    return intervals.union_of(starts, ends)
+
+
+def collective_s_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[float] | None:
+    """Each step's seconds in collectives (the steps must lie on the trace's clock, as the analysed ones do);
+    None when the trace shows no collective."""
+    spans = collective_spans(trace)
+    if spans is None:
+        return None
+    return [spans.covered(step.start, step.end) for step in steps]
+
+
+def median_collective_s(trace: TraceData | None, steps: Sequence[Step]) -> float | None:
+    per_step = collective_s_per_step(trace, steps)
+    return statistics.median(per_step) if per_step else None

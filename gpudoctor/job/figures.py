@@ -1,0 +1,70 @@
+"""Each rank's figures per step, side by side: what the ranks table shows and the job's rules compare.
+
+Every figure is the median over the rank's analysed steps. Under DDP every rank's step lasts as long as the
+slowest rank's, so step times alone cannot tell which rank holds the others back: the time each spends in
+collectives can. The rank that spends the least there is the one the others wait for; what each spends
+beyond that least is its wait (`collective_wait_s`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from gpudoctor.analysis import Run
+from gpudoctor.analysis.collectives import collective_s_per_step
+from gpudoctor.report.document import RankJson
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    rank: int
+    median_step_s: float | None  # the step the rank's savings are given against (its report's median step)
+    data_wait_s: float | None
+    collective_s: float | None  # None: the trace shows no collective
+    gpu_idle_s: float | None  # None: no GPU activity measured
+    steps_analysed: int
+    ending: str | None
+    exit_status: int | None
+    bundle: str
+    collective_wait_s: float | None = None  # set across ranks, by with_waits
+    # Seconds in collectives in each analysed step, by step index: under DDP, step k is the same iteration on
+    # every rank, so the ranks can be compared step by step.
+    collective_by_step: Mapping[int, float] = field(default_factory=dict)
+
+    def to_json(self) -> RankJson:
+        return {
+            "rank": self.rank, "median_step_s": self.median_step_s, "data_wait_s": self.data_wait_s,
+            "collective_s": self.collective_s, "collective_wait_s": self.collective_wait_s,
+            "gpu_idle_s": self.gpu_idle_s, "steps_analysed": self.steps_analysed, "ending": self.ending,
+            "exit_status": self.exit_status, "bundle": self.bundle,
+        }
+
+
+def rank_figures(rank: int, run: Run, median_step_s: float | None, bundle: str) -> RankFigures:
+    steps = run.steps
+    exit_info = run.manifest.exit
+    collective = collective_s_per_step(run.trace, steps)
+    return RankFigures(
+        rank=rank, median_step_s=median_step_s,
+        data_wait_s=_median([s.data_wait_s for s in steps]),
+        collective_s=_median(collective or []),
+        collective_by_step={s.index: c for s, c in zip(steps, collective)} if collective else {},
+        gpu_idle_s=_median([s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]),
+        steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
+        exit_status=exit_info.status if exit_info else None, bundle=bundle,
+    )
+
+
+def with_waits(figures: Sequence[RankFigures]) -> list[RankFigures]:
+    """The ranks' figures with `collective_wait_s`: each one's collective time beyond the least of any rank."""
+    measured = [f.collective_s for f in figures if f.collective_s is not None]
+    if len(measured) < 2:
+        return list(figures)
+    least = min(measured)
+    return [f if f.collective_s is None else replace(f, collective_wait_s=f.collective_s - least) for f in figures]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None

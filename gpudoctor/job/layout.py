@@ -1,0 +1,45 @@
+"""Where a torchrun job's bundles are: `rank-K/` (K the global rank) in each run directory given, one per node."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpudoctor.bundle import MANIFEST
+from gpudoctor.errors import BundleError
+
+RANK_DIR = re.compile(r"^rank-(0|[1-9][0-9]{0,5})$")
+
+
+def rank_dirs(directory: Path) -> dict[int, Path]:
+    """The rank bundles directly in `directory`: rank -> its bundle."""
+    found = {}
+    for child in directory.iterdir() if directory.is_dir() else ():
+        match = RANK_DIR.match(child.name)
+        if match and (child / MANIFEST).is_file():
+            found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
+
+
+def is_job_dir(path: Path) -> bool:
+    """A torchrun run directory: rank bundles in it, and no bundle of its own."""
+    return path.is_dir() and not (path / MANIFEST).exists() and bool(rank_dirs(path))
+
+
+def job_bundles(paths: Iterable[Path]) -> dict[int, Path]:
+    """Every rank bundle of the run directories `paths` (one per node of a job), by global rank.
+
+    Raises BundleError when a directory holds no rank bundle or two of them hold the same rank.
+    """
+    found: dict[int, Path] = {}
+    for path in paths:
+        ranks = rank_dirs(path)
+        if not ranks:
+            raise BundleError(f"{path} holds no rank bundle (rank-0/, rank-1/, ...) of a torchrun job.")
+        for rank, bundle in ranks.items():
+            if rank in found:
+                raise BundleError(f"rank {rank} is in both {found[rank]} and {bundle}: give each node's run "
+                                  "directory once, from one job.")
+            found[rank] = bundle
+    return dict(sorted(found.items()))

@@ -1,0 +1,152 @@
+"""A torchrun job's diagnosis: every rank analysed on its own, then the job's rules over the ranks together.
+
+Each rank's bundle gets its own findings.json and report.html again (its own rules, its own steps); the merged
+report lists the job's findings (a straggler first) and every rank's, one finding per cause: a finding seen on
+several ranks is listed once with the ranks it was seen on, and a slow rank's finding whose time is the others'
+wait is counted in the straggler's finding, not again.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import msgspec
+
+from gpudoctor.analysis import Run
+from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
+from gpudoctor.diagnose import PreparedRules, write_outputs
+from gpudoctor.engine import EngineResult, diagnose_windows
+from gpudoctor.engine.isolation import evaluate_rule
+from gpudoctor.engine.runner import NEGLIGIBLE_IMPACT, rank
+from gpudoctor.errors import BundleError
+from gpudoctor.job.figures import rank_figures, with_waits
+from gpudoctor.job.layout import job_bundles
+from gpudoctor.job.model import Job, RankRun
+from gpudoctor.job.report import build_job_report
+from gpudoctor.report import build_report
+from gpudoctor.report.document import NotMeasuredRow, Report
+
+
+@dataclass(frozen=True)
+class RankDiagnosis:
+    rank: RankRun
+    result: EngineResult  # its own rules' findings, not-evaluated rows and errors
+    report: Report  # the rank's own report, as written into its bundle
+
+
+def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path | None = None) -> Report:
+    """The merged report of the rank bundles in `paths` (one run directory per node), to be written into
+    `out_dir` (default: the first path). Each rank's own findings.json and report.html are written again.
+
+    Raises BundleError when no rank bundle can be read at all.
+    """
+    bundles = job_bundles(paths)
+    out_dir = out_dir or paths[0]
+    diagnosed: list[RankDiagnosis] = []
+    unreadable: list[NotMeasuredRow] = []
+    for number, bundle in bundles.items():
+        try:
+            diagnosed.append(_diagnose_rank(number, bundle, prepared))
+        except BundleError as exc:  # the other ranks are still worth their report
+            unreadable.append({"what": f"rank {number}", "reason": f"its bundle cannot be read: {exc}"})
+    if not diagnosed:
+        raise BundleError(f"no rank bundle of {', '.join(map(str, paths))} can be read: "
+                          + "; ".join(row["reason"] for row in unreadable))
+    job = _with_waits(Job([d.rank for d in diagnosed]))
+    result = run_job_rules(job, prepared)
+    docs = {r.code: r.doc for r in prepared.rules}
+    merged = merged_findings(job, result, [d.result for d in diagnosed])
+    return build_job_report(job, {d.rank.rank: d.report for d in diagnosed}, merged, docs, out_dir, unreadable)
+
+
+def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDiagnosis:
+    run = Run.from_bundle(bundle)
+    diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
+    report = build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules},
+                          diagnosis.windows)
+    write_outputs(report, bundle)
+    figures = rank_figures(number, diagnosis.run, report["run"]["median_step_s"], os.fspath(bundle))
+    return RankDiagnosis(RankRun(number, diagnosis.run, figures, diagnosis.result.findings), diagnosis.result, report)
+
+
+def _with_waits(job: Job) -> Job:
+    figures = with_waits([r.figures for r in job.ranks])
+    return Job([replace(r, figures=f) for r, f in zip(job.ranks, figures)])
+
+
+def job_step_s(job: Job) -> float | None:
+    """The job's step: the slowest rank's median (under DDP the ranks' medians differ only by noise)."""
+    return max((r.figures.median_step_s for r in job.ranks if r.figures.median_step_s), default=None)
+
+
+def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:
+    """The job's rules (scope "job"), each in isolation as a run's rules are."""
+    findings: list[FindingRecord] = []
+    not_evaluated: list[NotEvaluatedRecord] = []
+    errors: list[RuleErrorRecord] = []
+    step_s = job_step_s(job)
+    for r in (r for r in prepared.rules if r.scope == "job"):
+        outcome = evaluate_rule(r, job, prepared.options.get(r.code, {}), prepared.limits)
+        if outcome.not_evaluated is not None:
+            not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=outcome.not_evaluated))
+        elif outcome.error is not None:
+            errors.append(RuleErrorRecord(code=r.code, name=r.name, source=r.source,
+                                          error=f"{type(outcome.error).__name__}: {outcome.error}",
+                                          traceback=outcome.stack))
+        else:
+            findings.extend(_sized(record, step_s) for record in outcome.records)
+    return EngineResult(findings, not_evaluated, errors)
+
+
+def _sized(record: FindingRecord, step_s: float | None) -> FindingRecord:
+    """A job finding's saving in seconds per step of the job, and `info` when negligible (as a run's)."""
+    if record.impact is None:
+        return record
+    severity = "info" if record.impact < NEGLIGIBLE_IMPACT else record.severity
+    saving = round(record.impact * step_s, 6) if step_s else None
+    return msgspec.structs.replace(record, saving_s=saving, severity=severity)
+
+
+def merged_findings(job: Job, result: EngineResult, rank_results: Sequence[EngineResult]) -> EngineResult:
+    """The job's findings first, then every rank's, one per cause (see the module's docstring); the rules not
+    evaluated or failed on any rank, once each."""
+    per_cause: dict[tuple[str, str | None, int | None], FindingRecord] = {}
+    for rank_run in job.ranks:
+        for record in rank_run.findings:
+            loc = record.location
+            key = (record.code, loc.file if loc else None, loc.line if loc else None)
+            seen = per_cause.get(key)
+            if seen is None:
+                per_cause[key] = msgspec.structs.replace(record, ranks=[rank_run.rank])
+                continue
+            larger = record if (record.impact or 0.0) > (seen.impact or 0.0) else seen
+            per_cause[key] = msgspec.structs.replace(larger, ranks=[*(seen.ranks or []), rank_run.rank])
+    ranks_found = _one_claim_with_the_job(rank(list(per_cause.values())), result.findings)
+    not_evaluated = {row.code: row for row in result.not_evaluated}
+    errors = {(row.code, row.error): row for row in result.errors}
+    for rank_result in rank_results:
+        for row in rank_result.not_evaluated:
+            not_evaluated.setdefault(row.code, row)
+        for error in rank_result.errors:
+            errors.setdefault((error.code, error.error), error)
+    return EngineResult([*rank(result.findings), *ranks_found], list(not_evaluated.values()), list(errors.values()))
+
+
+def _one_claim_with_the_job(records: list[FindingRecord], job_findings: list[FindingRecord]) -> list[FindingRecord]:
+    """A slow rank's finding at the line a straggler finding points to is the same time: counted there."""
+    claimed = {(f.location.file, f.location.line): f for f in job_findings
+               if f.category == "straggler" and f.location is not None}
+    out = []
+    for record in records:
+        loc = record.location
+        holder = claimed.get((loc.file, loc.line)) if loc is not None else None
+        if holder is None or record.impact is None:
+            out.append(record)
+            continue
+        out.append(msgspec.structs.replace(
+            record, impact=None, saving_s=None,
+            impact_reason=f"counted in {holder.code}'s finding: this rank's delay is the others' wait"))
+    return out

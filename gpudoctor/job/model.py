@@ -1,0 +1,33 @@
+"""What a job rule (`@rule(..., scope="job")`) receives: every rank's run, figures and findings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpudoctor.analysis import Run
+from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.job.figures import RankFigures
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """One rank: its run, its figures per step, and what its own rules found on it (largest impact first)."""
+
+    rank: int
+    run: Run
+    figures: RankFigures
+    findings: list[FindingRecord]
+
+
+@dataclass(frozen=True)
+class Job:
+    """A torchrun job's ranks, by rank (one node's or several nodes' run directories merged)."""
+
+    ranks: list[RankRun]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def rank(self, number: int) -> RankRun:
+        return next(r for r in self.ranks if r.rank == number)

@@ -1,0 +1,97 @@
+"""The merged Report of a torchrun job: the lowest rank's report as the frame (run facts, charts), with the job's
+findings, the ranks table (`run.world_size`, `run.ranks`) and a row per rank linking its own report."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import quote
+
+from gpudoctor.bundle import REPORT
+from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.engine import EngineResult
+from gpudoctor.job.model import Job, RankRun
+from gpudoctor.report.document import NotMeasuredRow, RankRow, Report, RunFacts, Status, Summary
+from gpudoctor.report.model import finding_cards
+
+FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
+
+
+def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: EngineResult, docs: Mapping[str, str],
+                     out_dir: Path, unreadable: list[NotMeasuredRow]) -> Report:
+    base = rank_reports[job.ranks[0].rank]
+    problems = [f for f in merged.findings if f.severity != "info"]
+    not_measured = [*unreadable, *base["not_measured"]]
+    step_s = max((r.figures.median_step_s for r in job.ranks if r.figures.median_step_s), default=None)
+    run: RunFacts = {**base["run"], "median_step_s": step_s, "world_size": job.world_size,
+                     "ranks": [r.figures.to_json() for r in job.ranks]}
+    report: Report = {
+        **base,
+        "run": run,
+        "summary": _summary(job, merged.findings, not_measured),
+        "not_measured": not_measured,
+        "cards": finding_cards(merged.findings, job.ranks[0].run, docs),
+        "ranks": [_rank_row(r, rank_reports[r.rank], out_dir) for r in job.ranks],
+        "links": {"trace": base["links"]["trace"], "run": os.fspath(out_dir.resolve())},
+        "findings": [f.to_json() for f in merged.findings],
+        "not_evaluated": [row.to_json() for row in merged.not_evaluated],
+        "errors": [row.to_json() for row in merged.errors],
+    }
+    report["summary"]["problems"] = len(problems)
+    return report
+
+
+def _rank_row(rank_run: RankRun, own: Report, out_dir: Path) -> RankRow:
+    return {
+        "figures": rank_run.figures.to_json(), "report_href": _href(Path(rank_run.figures.bundle) / REPORT, out_dir),
+        "problems": own["summary"]["problems"], "chart": own["charts"]["steps"],
+    }
+
+
+def _href(target: Path, out_dir: Path) -> str | None:
+    try:
+        return quote(Path(os.path.relpath(target.resolve(), out_dir.resolve())).as_posix())
+    except ValueError:  # another drive, on Windows
+        return None
+
+
+def failed_ranks(job: Job) -> list[RankRun]:
+    return [r for r in job.ranks if r.figures.ending in FAILED_ENDINGS]
+
+
+def _summary(job: Job, findings: list[FindingRecord], not_measured: list[NotMeasuredRow]) -> Summary:
+    problems = [f for f in findings if f.severity != "info"]
+    stepped = any(r.figures.steps_analysed for r in job.ranks)
+    status: Status = ("no_steps" if not stepped else "problems" if problems
+                      else "partial" if not_measured else "healthy")
+    idle = [r.run.gpu_idle_share for r in job.ranks if r.run.gpu_idle_share is not None]
+    return {"verdict": job_verdict(job, problems, stepped, status), "gpu_idle_share": max(idle) if idle else None,
+            "healthy": not problems, "problems": len(problems), "status": status}
+
+
+def job_verdict(job: Job, problems: list[FindingRecord], stepped: bool, status: Status) -> str:
+    """The crash first, then the largest problem, then how many there are."""
+    ranks = f"{job.world_size} ranks"
+    failed = failed_ranks(job)
+    crash = " ".join(_crash(r) for r in failed)
+    if not stepped:
+        said = f"{ranks}; no training step was detected, so there is no step time to break down."
+    elif not problems:
+        said = f"{ranks}; no problems found{'' if status == 'healthy' else ' in what was measured'}."
+    else:
+        largest = max(problems, key=lambda f: f.impact or 0.0)
+        more = f"; {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''}" if len(problems) > 1 else ""
+        said = f"{ranks}; {largest.title}{more}."
+    return f"{crash} {said}" if crash else said
+
+
+def _crash(rank_run: RankRun) -> str:
+    exit_info = rank_run.run.manifest.exit
+    exception = exit_info.exception if exit_info else None
+    status = f" (status {exit_info.status})" if exit_info and exit_info.status is not None else ""
+    if exception is not None and exception.exception:
+        message = (exception.message or "").strip().splitlines()
+        said = f": {message[0][:200]}" if message else ""
+        return f"Rank {rank_run.rank} raised {exception.exception}{said}".rstrip(".") + "."
+    return f"Rank {rank_run.rank} ended by {rank_run.figures.ending}{status}."

@@ -1,0 +1,147 @@
+"""GD6xx: a torchrun job's ranks, together: one holds the others back."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gpudoctor import Finding, NotEvaluated, rule
+from gpudoctor.analysis.views import Location
+from gpudoctor.job import Job, RankFigures, RankRun
+
+# A data wait explains the straggling when the slow rank waits for data at least this share of what the others
+# wait for it: the rest of the difference is then within what one more finding could name.
+DATA_CAUSE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What the slow rank does that the others do not, as far as its own figures and findings tell."""
+
+    said: str  # "its input pipeline: it waits 11.2 ms a step for data, the others 0.1 ms"
+    fix: str
+    location: Location | None
+    code: str | None  # the slow rank's own finding that names the cause, if any
+
+
+@dataclass(frozen=True)
+class Straggling:
+    """The rank the others wait for, step by step: `slow` spends the least time in collectives in `slow_steps` of
+    the `steps` every rank analysed, and the others wait `wait_s` for it (median over those steps of the least
+    wait among them)."""
+
+    slow: RankRun
+    others: list[RankFigures]
+    slow_steps: int
+    steps: int
+    wait_s: float
+
+    @property
+    def consistency(self) -> float:
+        return self.slow_steps / self.steps
+
+
+def straggling(job: Job, min_steps: int = 3) -> Straggling:
+    measured = [r for r in job.ranks if r.figures.collective_by_step]
+    if len(measured) < 2:
+        raise NotEvaluated("fewer than two ranks show collectives in their traces")
+    common = sorted(set.intersection(*(set(r.figures.collective_by_step) for r in measured)))
+    if len(common) < min_steps:
+        raise NotEvaluated(f"the ranks analysed fewer than {min_steps} steps in common")
+    least = [min(measured, key=lambda r: r.figures.collective_by_step[step]) for step in common]
+    slow = max(measured, key=least.count)  # the rank that is most often the last to arrive
+    others = [r.figures for r in measured if r is not slow]
+    waits = [min(f.collective_by_step[step] for f in others) - slow.figures.collective_by_step[step]
+             for step in common]
+    return Straggling(slow, others, least.count(slow), len(common), max(0.0, statistics.median(waits)))
+
+
+@rule("GD601", "straggler", category="straggler", scope="job")
+def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.0, min_consistency: float = 0.75,
+              critical_wait_share: float = 0.5) -> Iterator[Finding]:
+    """One rank holds back the others: they wait for it in every collective.
+
+    What it detects: the ranks of a torchrun job (DDP, FSDP) meet in a collective every step (the gradients'
+    all-reduce). A rank that reaches it late, because its loader, its host or its GPU is slower, makes every other
+    rank wait: their NCCL kernels (or gloo's collectives) last longer than its own by the time they wait. The rule
+    names the rank that spends the least time in collectives in at least `min_consistency` of the steps while the
+    others wait at least `min_wait_share` of the step (and `min_wait_ms`) for it, and says what the slow rank does
+    differently: its data wait, or its own largest finding.
+
+    Why it matters: the whole job runs at the slowest rank's speed. Every other GPU idles while it waits, so the
+    cost is paid once per rank: one slow loader on rank 1 of 8 idles 7 GPUs.
+
+    Fix: give the slow rank what the others have (the same DataLoader workers and pinning, no extra logging or
+    `.item()` calls on rank 0 only, the same GPU model and clocks, its own cores), then profile again. The finding
+    on that rank names the line.
+
+    Impact: the others' wait per step (the least of their waits, with more than two ranks): the step after the fix
+    is at most that much shorter. Where the slow rank's own finding explains that wait, its saving is counted here
+    once, not again on that rank.
+    """
+    found = straggling(job)
+    step_s = max((r.figures.median_step_s for r in job.ranks if r.figures.median_step_s), default=None)
+    wait_s, slow, others = found.wait_s, found.slow, found.others
+    if (not step_s or found.consistency < min_consistency or wait_s * 1e3 < min_wait_ms
+            or wait_s < min_wait_share * step_s):
+        return
+    cause = straggler_cause(slow, others, wait_s)
+    waiting = ", ".join(str(f.rank) for f in others)
+    share = min(1.0, wait_s / step_s)
+    yield Finding(
+        title=(f"Rank {slow.rank} holds back the others: rank{'s' if len(others) > 1 else ''} {waiting} "
+               f"wait{'' if len(others) > 1 else 's'} {wait_s * 1e3:.1f} ms of each {step_s * 1e3:.1f} ms step "
+               "for it in collectives"),
+        impact=share,
+        severity="critical" if share >= critical_wait_share else None,
+        location=cause.location,
+        evidence={
+            "slow rank": slow.rank,
+            "the others' wait per step": (round(wait_s * 1e3, 2), "ms"),
+            "median step": (round(step_s * 1e3, 2), "ms"),
+            f"steps where rank {slow.rank} arrived last": f"{found.slow_steps} of {found.steps}",
+            f"rank {slow.rank} data wait per step": (_ms(slow.figures.data_wait_s), "ms"),
+            "the others' data wait per step": (_ms(_median_of(f.data_wait_s for f in others)), "ms"),
+            "cause": cause.said,
+        },
+        fix=cause.fix,
+    )
+
+
+def straggler_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> Cause:
+    """Why `slow` is late: its data wait when that explains the others' wait, else its own top finding."""
+    extra_wait = (slow.figures.data_wait_s or 0.0) - (_median_of(f.data_wait_s for f in others) or 0.0)
+    loader = slow.run.loader.main
+    if extra_wait >= DATA_CAUSE_SHARE * wait_s:
+        workers = f" ({loader.num_workers} workers)" if loader is not None else ""
+        said = (f"its input pipeline{workers}: it waits {_ms(slow.figures.data_wait_s)} ms a step for data, the "
+                f"others {_ms(_median_of(f.data_wait_s for f in others))} ms")
+        own = next((f for f in slow.findings if f.category in ("data_starvation", "cpu_oversubscription")), None)
+        fix = (f"load rank {slow.rank}'s data as fast as the others': the same DataLoader settings (num_workers, "
+               "pin_memory, persistent_workers) and the same per-sample work on every rank")
+        return Cause(said, fix + (f"; {own.code} on rank {slow.rank} names the line." if own else "."),
+                     loader.location if loader is not None else _location(own), own.code if own else None)
+    own = next((f for f in slow.findings if f.severity != "info" and f.impact), None)
+    if own is not None:
+        return Cause(f"its own largest problem: {own.code}, {own.title}",
+                     f"fix {own.code} on rank {slow.rank} ({own.fix.rstrip('.')}), the cost of every rank's wait.",
+                     _location(own), own.code)
+    return Cause("not found in its data wait or its own findings (compare its host, GPU and code path with "
+                 "the others')",
+                 f"find what rank {slow.rank} does that the others do not: rank-specific work (logging, evaluation, "
+                 "checkpointing on one rank), a slower GPU or host, or uneven inputs.", None, None)
+
+
+def _location(finding: object) -> Location | None:
+    where = getattr(finding, "location", None)
+    return None if where is None else Location(where.file, where.line, where.function)
+
+
+def _median_of(values: Iterator[float | None] | list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 2)
