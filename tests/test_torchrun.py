@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import RUN_TIMEOUT_S, WINDOW, Gpudoctor, env_with, script
+from conftest import RUN_TIMEOUT_S, WINDOW, Gpudoctor, checked_findings, env_with, script
 from gpudoctor.analysis import Run
 
 
@@ -37,10 +37,15 @@ def test_the_default_run_directory_holds_every_rank(gd: Gpudoctor) -> None:
     assert sorted(p.name for p in run_dir.iterdir()) == ["rank-0", "rank-1"]
 
 
-def test_analyze_of_the_shared_directory_names_the_rank_bundles(gd: Gpudoctor) -> None:
+def test_analyze_of_the_shared_directory_merges_the_ranks(gd: Gpudoctor) -> None:
     ranks = _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "6")
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     result = gd.run("analyze", "run")
-    assert result.returncode == 65
-    assert result.first_message == ("gpudoctor: run holds one bundle per torchrun rank (rank-0, rank-1): analyse "
-                                    "each, e.g. gpudoctor analyze run/rank-0.")
+    assert result.returncode == 0, result
+    assert result.first_message.startswith("gpudoctor: 2 ranks;")
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    assert merged["run"]["world_size"] == 2
+    assert [r["rank"] for r in merged["run"]["ranks"]] == [0, 1]
+    assert all(r["collective_s"] is not None and r["ending"] == "completed" for r in merged["run"]["ranks"])
+    page = (gd.cwd / "run" / "report.html").read_text()
+    assert 'href="rank-0/report.html"' in page and 'href="rank-1/report.html"' in page

@@ -1,0 +1,97 @@
+"""A torchrun job diagnosed as one (gloo on the CPU, real two-rank runs): the straggler named with its cause, a
+balanced job quiet, node directories merged by `gpudoctor analyze DIR_A DIR_B`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RUN_TIMEOUT_S, Gpudoctor, checked_findings, env_with, script
+
+# Eight analysed steps: GD601 compares the ranks step by step, and two steps are too few to tell noise from a
+# rank that arrives last every time.
+JOB_WINDOW = ("--wait-steps", "2", "--warmup-steps", "1", "--active-steps", "8", "--detail-steps", "2")
+
+
+def _job(gd: Gpudoctor, out: str, *script_and_args: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "gpudoctor", "profile", "--out", out, *JOB_WINDOW, "--format", "json", *script_and_args]
+    ran = subprocess.run(command, cwd=gd.cwd, env=env_with(), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gpudoctor, dict]:
+    gd = Gpudoctor(tmp_path_factory.mktemp("straggler"))
+    _job(gd, "run", script("ddp_loader_straggler.py"), "--slow-ranks", "1")
+    result = gd.run("analyze", "run")
+    assert result.returncode == 0, result
+    return gd, checked_findings(gd.cwd / "run" / "findings.json")
+
+
+def test_the_straggler_is_named_with_its_loader(straggler_job: tuple[Gpudoctor, dict]) -> None:
+    _, merged = straggler_job
+    first = merged["findings"][0]
+    assert (first["code"], first["category"]) == ("GD601", "straggler")
+    assert first["title"].startswith("Rank 1 holds back the others: rank 0 waits")
+    assert "ranks" not in first  # a finding of the whole job
+    evidence = {e["name"]: e["value"] for e in first["evidence"]}
+    assert evidence["slow rank"] == 1
+    assert evidence["cause"].startswith("its input pipeline (0 workers)")
+    assert first["location"]["file"].endswith("ddp_loader_straggler.py")
+    lines = Path(script("ddp_loader_straggler.py")).read_text().splitlines()
+    assert "DataLoader(" in lines[first["location"]["line"] - 1]
+    assert first["saving_s"] == pytest.approx(first["impact"] * merged["run"]["median_step_s"], rel=1e-3)
+
+
+def test_the_slow_ranks_own_finding_is_counted_once(straggler_job: tuple[Gpudoctor, dict]) -> None:
+    _, merged = straggler_job
+    loader = next(f for f in merged["findings"] if f["code"] == "GD101")
+    assert loader["ranks"] == [1]
+    assert loader["impact"] is None and loader["impact_reason"].startswith("counted in GD601's finding")
+    ranks = {r["rank"]: r for r in merged["run"]["ranks"]}
+    assert ranks[1]["data_wait_s"] > 5 * ranks[0]["data_wait_s"]
+    assert ranks[0]["collective_wait_s"] > ranks[1]["collective_wait_s"] == 0.0
+
+
+def test_each_rank_keeps_its_own_report(straggler_job: tuple[Gpudoctor, dict]) -> None:
+    gd, _ = straggler_job
+    own = checked_findings(gd.cwd / "run" / "rank-1" / "findings.json")
+    assert "world_size" not in own["run"]
+    assert [f["code"] for f in own["findings"]][:1] == ["GD101"]
+    page = (gd.cwd / "run" / "report.html").read_text()
+    assert '<section id="ranks">' in page and "on rank 1" in page
+
+
+def test_a_balanced_job_has_no_straggler(gd: Gpudoctor) -> None:
+    _job(gd, "run", script("ddp_train.py"), "--steps", "16")
+    result = gd.run("analyze", "run")
+    assert result.returncode == 0, result
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    assert [f for f in merged["findings"] if f["category"] == "straggler"] == []
+    assert not [r for r in merged["not_evaluated"] if r["code"] == "GD601"]  # it was evaluated, and found nothing
+
+
+def test_node_directories_merge_by_global_rank(straggler_job: tuple[Gpudoctor, dict], gd: Gpudoctor) -> None:
+    source, _ = straggler_job
+    for node, rank in (("A", 0), ("B", 1)):  # as two nodes of one rank each would have written them
+        shutil.copytree(source.cwd / "run" / f"rank-{rank}", gd.cwd / node / f"rank-{rank}")
+    result = gd.run("analyze", "A", "B", "--out", "merged")
+    assert result.returncode == 0, result
+    merged = checked_findings(gd.cwd / "merged" / "findings.json")
+    assert [r["rank"] for r in merged["run"]["ranks"]] == [0, 1]
+    assert merged["findings"][0]["code"] == "GD601"
+
+
+def test_the_same_rank_twice_is_refused(straggler_job: tuple[Gpudoctor, dict], gd: Gpudoctor) -> None:
+    source, _ = straggler_job
+    for node in ("A", "B"):
+        shutil.copytree(source.cwd / "run" / "rank-0", gd.cwd / node / "rank-0")
+    result = gd.run("analyze", "A", "B")
+    assert result.returncode == 65
+    assert result.first_message == ("gpudoctor: rank 0 is in both A/rank-0 and B/rank-0: give each node's run "
+                                    "directory once, from one job.")
