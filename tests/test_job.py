@@ -4,6 +4,7 @@ balanced job quiet, node directories merged by `gpudoctor analyze DIR_A DIR_B`."
 from __future__ import annotations
 
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RUN_TIMEOUT_S, Gpudoctor, checked_findings, env_with, script
+from gpudoctor.analysis import Run
 
 # Eight analysed steps: GD601 compares the ranks step by step, and two steps are too few to tell noise from a
 # rank that arrives last every time.
@@ -74,6 +76,16 @@ def test_a_balanced_job_has_no_straggler(gd: Gpudoctor) -> None:
     merged = checked_findings(gd.cwd / "run" / "findings.json")
     assert [f for f in merged["findings"] if f["category"] == "straggler"] == []
     assert not [r for r in merged["not_evaluated"] if r["code"] == "GD601"]  # it was evaluated, and found nothing
+
+
+def test_the_other_ranks_are_the_jobs_cpu_not_other_programs(gd: Gpudoctor) -> None:
+    _job(gd, "run", script("ddp_train.py"), "--steps", "40")
+    host = Run.from_bundle(gd.cwd / "run" / "rank-0").samples.host
+    job = statistics.fmean(p.values["job_cores"] or 0.0 for p in host)
+    other = statistics.fmean(p.values["other_cores"] or 0.0 for p in host)
+    assert job > 0.3 > other, (job, other)  # rank 1 computes beside rank 0: the job's own demand
+    result = gd.run("analyze", "run")
+    assert "GD504" not in [f["code"] for f in checked_findings(gd.cwd / "run" / "findings.json")["findings"]], result
 
 
 def test_node_directories_merge_by_global_rank(straggler_job: tuple[Gpudoctor, dict], gd: Gpudoctor) -> None:

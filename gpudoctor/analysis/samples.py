@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gpudoctor.analysis.views import ProcessInfo, SeriesPoint
 from gpudoctor.bundle.samples import GPU_GAUGES, GpuRow, HostRow, ProcEntry, ProcsRow
@@ -63,18 +63,24 @@ def _host_values(before: HostRow, row: HostRow, tree_before: dict[int, float] | 
                  tree: dict[int, float] | None) -> dict[str, float | None]:
     dt = row.t - before.t
     busy = sum(row.cpu_pct) / 100.0
-    tree_cores = None
-    if tree is not None and tree_before is not None and dt > 0:
-        # A process new since the last sample (a fresh worker) started with no CPU time of its own.
-        tree_cores = sum(max(0.0, cpu - tree_before.get(pid, 0.0)) for pid, cpu in tree.items()) / dt
+    tree_cores = _cores(tree_before, tree, dt)
+    job_cores = _cores(before.job_cpu, row.job_cpu, dt) or 0.0  # a torchrun job's other ranks: not other programs
     return {
-        "busy_cores": busy, "tree_cores": tree_cores,
-        "other_cores": max(0.0, busy - tree_cores) if tree_cores is not None else None,
+        "busy_cores": busy, "tree_cores": tree_cores, "job_cores": job_cores,
+        "other_cores": max(0.0, busy - tree_cores - job_cores) if tree_cores is not None else None,
         "load1": row.load[0] if row.load else None,
         # Over a merged row (an old stretch of a long run), memory pressure is its worst moment.
         "mem_available": row.lowest("mem_available"),
         "swap_in_bps": _rate(before.swap_in, row.swap_in, dt), "swap_out_bps": _rate(before.swap_out, row.swap_out, dt),
     }
+
+
+def _cores(before: Mapping[Any, float] | None, now: Mapping[Any, float] | None, dt: float) -> float | None:
+    """Cores used between two samples of processes' running CPU totals (by pid); None without both samples."""
+    if before is None or now is None or dt <= 0:
+        return None
+    # A process new since the last sample (a fresh worker) started with no CPU time of its own.
+    return float(sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in now.items())) / dt
 
 
 def gpu_series(rows: list[GpuRow]) -> dict[int, list[SeriesPoint]]:

@@ -61,7 +61,7 @@ class SampleKind:
 
 
 KINDS: dict[str, SampleKind] = {
-    "host": SampleKind(counters=frozenset({"swap_in", "swap_out"})),
+    "host": SampleKind(counters=frozenset({"swap_in", "swap_out", "job_cpu"})),
     "procs": SampleKind(entries="procs", entry_id="pid",
                         counters=frozenset({"cpu_s", "ctx_vol", "ctx_invol", "thread_cpu"}),
                         labels=frozenset({"pid", "ppid", "name"})),

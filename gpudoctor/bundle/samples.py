@@ -48,6 +48,9 @@ class HostRow(Merged, kw_only=True, frozen=True):
     swap_used: float | None = None
     swap_in: float | None = None  # bytes swapped in since boot: a counter
     swap_out: float | None = None
+    # Under torchrun: CPU seconds (running totals) of each process of the job outside the script's own tree, by
+    # pid: the other ranks on this host and their workers, the job's own demand rather than other programs'.
+    job_cpu: dict[str, float] | None = None
 
 
 class ProcEntry(Merged, kw_only=True, frozen=True):

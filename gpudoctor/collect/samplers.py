@@ -13,6 +13,7 @@ whose samples stay as they were taken.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
 from gpudoctor.collect.procfiles import PROCFS, ProcFiles, held_files_budget
 from gpudoctor.collect.readers import TreeReader, host_reader, tree_reader
+from gpudoctor.ranks import torchrun_rank
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
 # Compacting reads a file twice: every 5 minutes, the three files cost about 0.2% of a core over a day
@@ -149,15 +151,24 @@ class HostSampler(_Ticker):
         self._files = ProcFiles(held_files_budget()) if PROCFS else None
         self._host_reader = host_reader(self._files)
         self._tree: TreeReader | None = None
+        self._job: TreeReader | None = None
 
-    def watch(self, pid: int) -> None:
+    def watch(self, pid: int, job_root: int | None = None) -> None:
+        """Sample the script's tree (`pid`), and the rest of the job under `job_root` (torchrun's agent)."""
         self._tree = tree_reader(self._files, pid)
+        self._job = tree_reader(self._files, job_root) if job_root is not None else None
 
     def tick(self) -> None:
         t = time.time()
-        self._host.write(self._host_reader.sample(t))
-        if self._tree is not None:
-            self._procs.write(ProcsRow(t=t, procs=self._tree.sample()))
+        host = self._host_reader.sample(t)
+        procs = self._tree.sample() if self._tree is not None else None
+        if self._job is not None:
+            own = {p.pid for p in procs or ()}
+            host = msgspec.structs.replace(host, job_cpu={str(p.pid): round(p.cpu_s, 3) for p in self._job.sample()
+                                                          if p.pid not in own})
+        self._host.write(host)
+        if procs is not None:
+            self._procs.write(ProcsRow(t=t, procs=procs))
         if self._host.due_for_compaction(t):
             keep = self._windows.spans()
             for file in (self._host, self._procs):  # the same `now`, so their merged rows keep the same times
@@ -167,7 +178,7 @@ class HostSampler(_Ticker):
         self._host.close()
         self._procs.close()
         if not self.is_alive():  # a tick still running would read a closed (or reused) descriptor
-            for reader in (self._host_reader, self._tree):
+            for reader in (self._host_reader, self._tree, self._job):
                 if reader is not None:
                     reader.close()
 
@@ -210,7 +221,8 @@ class Samplers:
             self.collectors["nvml"] = CollectorStatus(ok=False, reason=str(exc))
 
     def start(self, pid: int) -> None:
-        self.host.watch(pid)
+        # A torchrun rank: its parent is torchrun's agent, whose other children are the job's other ranks.
+        self.host.watch(pid, job_root=os.getppid() if torchrun_rank() is not None else None)
         self.host.start()
         if self.gpu:
             self.gpu.start()
