@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpudoctor.bundle import FINDINGS, REPORT, Manifest, read_manifest
+from gpudoctor.bundle import Manifest, read_manifest
 from gpudoctor.errors import BundleError, GpudoctorError, OutputNotWritableError
 from gpudoctor.launcher import _remove_previous_run, _Supervisor, _terminal_sent_to_group, check_script, exit_status_of
 
@@ -110,15 +110,13 @@ def rank_command(job: TorchrunJob, run_dir: Path, rank_options: list[str]) -> li
 
 
 def make_job_dir(out: Path | None, name: str) -> Path:
-    """The job's run directory, as launcher.make_run_dir makes one: the default is stamped, --out is reused, its
-    earlier files (the merged report, earlier rank bundles) removed so that they do not mix with this job's."""
+    """The job's run directory, as launcher.make_run_dir makes one: the default is stamped, and an --out used before
+    loses an earlier run's files (its report, its rank bundles), which would mix with this job's."""
     run_dir = out if out is not None else _stamped(Path("gpudoctor-runs"), f"{name}-torchrun")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        for name_ in (FINDINGS, REPORT):
-            (run_dir / name_).unlink(missing_ok=True)
-        for rank_dir, _ in _rank_dirs(run_dir):
-            _remove_previous_run(rank_dir)
+        for earlier in (run_dir, *(rank_dir for rank_dir, _ in _rank_dirs(run_dir))):
+            _remove_previous_run(earlier)
         probe = run_dir / ".write-test"
         probe.write_text("")
         probe.unlink()
