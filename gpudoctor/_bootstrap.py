@@ -208,5 +208,13 @@ def _process_facts() -> ProcessEvent:
         pid=os.getpid(), python=platform.python_version(), implementation=platform.python_implementation(),
         executable=sys.executable, gil_enabled=gil() if gil else True, cpu_count=os.cpu_count(), affinity=affinity,
         start_method=multiprocessing.get_start_method(allow_none=True), switch_interval_s=sys.getswitchinterval(),
-        main_native_id=threading.get_native_id(),
+        main_native_id=threading.get_native_id(), rank=_env_int("RANK"), world_size=_env_int("WORLD_SIZE"),
+        local_world_size=_env_int("LOCAL_WORLD_SIZE"),
     )
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None

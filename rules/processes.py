@@ -119,24 +119,27 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
     """
     processes = run.require_processes()
     samples = run.require_host_samples().host
-    cores = run.env.cores or 1
+    cores, ranks = run.env.cores or 1, run.env.ranks_on_host
     children = [p for p in processes if p.role == "child"]
-    demand = (run.env.intra_op_threads or 1) + sum(max(1, p.threads_max - WORKER_BASE_THREADS) for p in children)
-    tree = statistics.fmean(p.values["tree_cores"] or 0.0 for p in samples)
+    per_rank = (run.env.intra_op_threads or 1) + sum(max(1, p.threads_max - WORKER_BASE_THREADS) for p in children)
+    demand = per_rank * ranks  # every rank on this host runs the same threads
+    tree = statistics.fmean((p.values["tree_cores"] or 0.0) + (p.values.get("job_cores") or 0.0) for p in samples)
     load = max((p.values.get("load1") or 0.0) for p in samples)
     if demand <= max_demand_per_core * cores or (tree < min_busy_share * cores and load <= cores):
         return
     loader = run.loader.main
     yield Finding(
-        f"{demand} compute threads compete for {cores} cores",
+        f"{demand} compute threads compete for {cores} cores"
+        + (f" ({ranks} ranks of {per_rank} each)" if ranks > 1 else ""),
         impact=_steady_wait_share(run), impact_reason="no step data to estimate from",
         location=loader.location if loader else None,
         evidence={"compute threads": demand, "cores available": cores, "child processes": len(children),
                   "threads per child (max)": max((p.threads_max for p in children), default=0),
                   "intra-op threads (main)": run.env.intra_op_threads, "load average": round(load, 1),
-                  "CPU used by the job": (round(tree, 1), "cores")},
+                  "CPU used by the job": (round(tree, 1), "cores"), "ranks on this host": ranks},
         fix="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1)) and "
-            f"torch.set_num_threads({max(1, cores // 2)}) in the training process",
+            f"torch.set_num_threads({max(1, cores // (2 * ranks))}) in the training process"
+            + (f" (of each of the {ranks} ranks)" if ranks > 1 else ""),
     )
 
 

@@ -107,3 +107,18 @@ def test_the_same_rank_twice_is_refused(straggler_job: tuple[Gpudoctor, dict], g
     assert result.returncode == 65
     assert result.first_message == ("gpudoctor: rank 0 is in both A/rank-0 and B/rank-0: give each node's run "
                                     "directory once, from one job.")
+
+
+def test_oversubscription_counts_every_rank_on_the_host(gd: Gpudoctor) -> None:
+    # Each rank alone runs 1 + 2 x 2 compute threads, within 3 per core of this host's 2 cores; the two ranks
+    # together run twice that.
+    _job(gd, "run", script("rules/oversubscribed_workers.py"), "--worker-threads", "2")
+    result = gd.run("analyze", "run")
+    assert result.returncode == 0, result
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    finding = next(f for f in merged["findings"] if f["code"] == "GD503")
+    facts = {e["name"]: e["value"] for e in finding["evidence"]}
+    assert facts["ranks on this host"] == 2 and finding["ranks"] == [0, 1]
+    assert facts["compute threads"] // 2 <= 3 * facts["cores available"] < facts["compute threads"]
+    assert finding["title"].endswith(f"({2} ranks of {facts['compute threads'] // 2} each)")
+    assert "of each of the 2 ranks" in finding["fix"]

@@ -374,7 +374,7 @@ class Run:
             start_method=process.start_method, intra_op_threads=window.intra_op_threads,
             python=process.python or manifest.python, torch=torch.version, cuda_build=torch.cuda_build,
             driver=manifest.driver, gpus=manifest.gpus, cuda_device=window.cuda_device,
-            switch_interval_s=process.switch_interval_s,
+            switch_interval_s=process.switch_interval_s, ranks_on_host=max(1, process.local_world_size or 1),
         )
 
     @cached_property

@@ -232,6 +232,7 @@ class Env:
     gpus: list[GpuInfo]  # as NVML describes them
     cuda_device: CudaDevice | None  # the one the script trains on, as torch saw it
     switch_interval_s: float | None = None  # how long a Python thread may hold the GIL before it is asked to let go
+    ranks_on_host: int = 1  # a torchrun job's ranks on this host (LOCAL_WORLD_SIZE), each with the same threads
 
 
 @dataclass(frozen=True)

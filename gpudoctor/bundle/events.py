@@ -28,6 +28,10 @@ class ProcessFacts(Record, frozen=True):
     start_method: str | None = None
     switch_interval_s: float | None = None  # sys.getswitchinterval(): how long a thread may hold the GIL
     main_native_id: int | None = None  # the OS id of the main thread, as in the process samples
+    # Under torchrun (RANK, WORLD_SIZE and LOCAL_WORLD_SIZE in the environment): this rank, and how many there are.
+    rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None  # ranks on this host
 
 
 class TorchFacts(Record, frozen=True):
