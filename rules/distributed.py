@@ -145,3 +145,68 @@ def _median_of(values: Iterator[float | None] | list[float | None]) -> float | N
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 2)
+
+
+@rule("GD602", "communication-exposed", category="communication", scope="job")
+def communication_exposed(job: Job, min_accumulation_share: float = 0.15, min_exposed_share: float = 0.3,
+                          min_exposed_ms: float = 1.0) -> Iterator[Finding]:
+    """The ranks' collectives sit on the step's critical path: nothing computes while they run.
+
+    What it detects: the time in collectives (NCCL kernels; gloo's collectives on the CPU) while no compute
+    ran beside them, per step, on the rank with the least of it (the others add their wait for it, which is
+    GD601's). With gradient accumulation (several `backward()` calls per optimizer step) it looks at the
+    all-reduces that start before the step's last `backward()`: DDP all-reduces every micro-batch's gradients
+    unless the first ones run under `model.no_sync()`, and those all-reduces are wasted (at least
+    `min_accumulation_share` of the step). Otherwise it reports communication exposed after the backward pass
+    (at least `min_exposed_share` of the step, and `min_exposed_ms`).
+
+    Why it matters: DDP overlaps each bucket's all-reduce with the rest of the backward pass; what it cannot
+    overlap (the last bucket, a model whose gradients are large for its compute, all-reduces of gradients that
+    are accumulated anyway) adds to every step on every rank.
+
+    Fix: with gradient accumulation, run all micro-batches but the last under `with model.no_sync():`. Otherwise:
+    `DistributedDataParallel(..., gradient_as_bucket_view=True)`, a `bucket_cap_mb` that lets more buckets
+    overlap the backward pass, compressed gradients (`model.register_comm_hook(None, default_hooks.
+    fp16_compress_hook)`), or more work per step (a larger batch per rank).
+
+    Impact: with accumulation, the exposed all-reduces before the last `backward()` (no_sync removes them). Otherwise
+    half the exposed time: fp16 compression halves the bytes each all-reduce moves, and better overlap can save at
+    most all of it.
+    """
+    measured = [r.figures for r in job.ranks if r.figures.exposed_s is not None]
+    if len(measured) < 2:
+        raise NotEvaluated("fewer than two ranks show collectives in their traces")
+    least = min(measured, key=lambda f: f.exposed_s or 0.0)
+    step_s = max((f.median_step_s for f in measured if f.median_step_s), default=None)
+    if not step_s:
+        return
+    exposed, early = least.exposed_s or 0.0, least.exposed_before_last_backward_s or 0.0
+    evidence: dict[str, object] = {
+        "exposed communication per step": (_ms(exposed), "ms"), "median step": (_ms(step_s), "ms"),
+        "in collectives per step": (_ms(least.collective_s), "ms"), "backward() calls per step": least.backwards,
+        "measured on rank": least.rank,
+    }
+    if least.backwards > 1 and early >= max(min_accumulation_share * step_s, min_exposed_ms / 1e3):
+        yield Finding(
+            title=(f"Gradients are all-reduced at each of the {least.backwards} backward() calls of a step, though "
+                   f"only the last one's are used: {early * 1e3:.1f} ms of each {step_s * 1e3:.1f} ms step"),
+            impact=min(1.0, early / step_s), location=_backward_location(job),
+            evidence={**evidence, "exposed before the last backward() per step": (_ms(early), "ms")},
+            fix=(f"run the first {least.backwards - 1} micro-batches of each step under `with model.no_sync():` "
+                 "so that only the last backward() all-reduces"),
+        )
+        return
+    if exposed >= min_exposed_share * step_s and exposed * 1e3 >= min_exposed_ms:
+        yield Finding(
+            title=(f"Communication is exposed for {exposed * 1e3:.1f} ms of each {step_s * 1e3:.1f} ms step: "
+                   "nothing computes while the ranks all-reduce"),
+            impact=min(1.0, exposed / 2 / step_s), evidence=evidence,
+            fix=("DistributedDataParallel(..., gradient_as_bucket_view=True) and a bucket_cap_mb that overlaps more "
+                 "of the backward pass; or model.register_comm_hook(None, default_hooks.fp16_compress_hook); or more "
+                 "work per step (a larger batch per rank)"),
+        )
+
+
+def _backward_location(job: Job) -> Location | None:
+    """Where the training loop calls backward(), as the first rank that saw it recorded."""
+    return next((r.run.backward_location for r in job.ranks if r.run.backward_location is not None), None)

@@ -122,3 +122,26 @@ def test_oversubscription_counts_every_rank_on_the_host(gd: Gpudoctor) -> None:
     assert facts["compute threads"] // 2 <= 3 * facts["cores available"] < facts["compute threads"]
     assert finding["title"].endswith(f"({2} ranks of {facts['compute threads'] // 2} each)")
     assert "of each of the 2 ranks" in finding["fix"]
+
+
+def test_allreduces_of_accumulated_gradients_are_found(gd: Gpudoctor) -> None:
+    _job(gd, "run", script("ddp_accumulate.py"), "--batch-size", "4")
+    result = gd.run("analyze", "run")
+    assert result.returncode == 0, result
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    finding = next(f for f in merged["findings"] if f["code"] == "GD602")
+    assert finding["category"] == "communication" and "ranks" not in finding
+    assert finding["title"].startswith("Gradients are all-reduced at each of the 4 backward() calls of a step")
+    lines = Path(script("ddp_accumulate.py")).read_text().splitlines()
+    assert "loss.backward()" in lines[finding["location"]["line"] - 1]
+    assert "model.no_sync()" in finding["fix"] and 0.1 < finding["impact"] < 0.9
+
+
+def test_accumulation_under_no_sync_is_quiet(gd: Gpudoctor) -> None:
+    _job(gd, "run", script("ddp_accumulate.py"), "--batch-size", "4", "--no-sync")
+    result = gd.run("analyze", "run")
+    assert result.returncode == 0, result
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    assert [f["code"] for f in merged["findings"] if f["category"] == "communication"] == []
+    ranks = merged["run"]["ranks"]
+    assert all(r["exposed_collective_s"] is not None and r["exposed_collective_s"] > 0 for r in ranks)

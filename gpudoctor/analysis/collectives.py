@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpudoctor import intervals
 from gpudoctor.analysis.trace import COLLECTIVE_ANNOTATIONS, TraceData
@@ -33,6 +34,46 @@ def collective_spans(trace: TraceData | None) -> intervals.Disjoint | None:
         return None
     starts, ends = zip(*sorted(spans))
     return intervals.union_of(starts, ends)
+
+
+def compute_spans(trace: TraceData) -> intervals.Disjoint:
+    """What collectives can overlap: the GPU's other kernels; on a CPU-only trace, the operators of the threads
+    that run no collective (the training thread's forward and backward), c10d's own calls left out."""
+    kernels = [(op.start, op.end) for op in trace.gpu_ops if op.kind == "kernel" and not is_collective_kernel(op.name)]
+    if not kernels:
+        collective_threads = {a.tid for a in trace.annotations if a.name.startswith(COLLECTIVE_ANNOTATIONS)}
+        kernels = [(op.start, op.end) for op in trace.ops
+                   if op.tid not in collective_threads and not op.name.startswith("c10d::")]
+    if not kernels:
+        return intervals.union_of([], [])
+    starts, ends = zip(*sorted(kernels))
+    return intervals.union_of(starts, ends)
+
+
+@dataclass(frozen=True)
+class Exposed:
+    """A step's seconds in collectives while no compute ran beside them (see compute_spans): communication on
+    the step's critical path; `before_last_backward` is the part that started before the step's last backward()
+    call, in a step of several (gradient accumulation): all-reduces of gradients that are not final yet."""
+
+    seconds: float
+    before_last_backward: float
+
+
+def exposed_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[Exposed] | None:
+    """Each step's exposed communication; None when the trace shows no collective."""
+    spans = collective_spans(trace)
+    if spans is None or trace is None:
+        return None
+    compute = compute_spans(trace)
+    exposed = []
+    for step in steps:
+        pieces = [(start, end, (end - start) - compute.covered(start, end))
+                  for start, end in spans.clipped(step.start, step.end)]
+        last = step.last_backward
+        early = sum(bare for start, _, bare in pieces if last is not None and start < last)
+        exposed.append(Exposed(sum(bare for _, _, bare in pieces), early))
+    return exposed
 
 
 def collective_s_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[float] | None:

@@ -36,6 +36,7 @@ from gpudoctor.analysis.views import (
 )
 from gpudoctor.bundle.events import (
     AnyEvent,
+    BackwardSiteEvent,
     ForkEvent,
     ForwardSiteEvent,
     LoaderEvent,
@@ -302,6 +303,11 @@ class Run:
         if main is None:
             return None
         return {main} | {t.native_id for t in self.threads if t.native_id is not None}
+
+    @cached_property
+    def backward_location(self) -> Location | None:
+        """Where the script calls backward() (the first line seen in the window's detail steps)."""
+        return next((Location.from_site(e.site) for e in self.events(BackwardSiteEvent)), None)
 
     @cached_property
     def forward_location(self) -> Location | None:

@@ -42,7 +42,8 @@ class StepBuilder:
             optimizer_s=phases.optimizer if phases else None,
             copy_s=sum(c.host_s for c in event.copies) if event.copies is not None else None,
             sync_s=sum(s.host_s for s in event.syncs) if event.syncs is not None else None,
-            gil=gil_stats(event.gil), cuda_memory=event.cuda_memory,
+            gil=gil_stats(event.gil), cuda_memory=event.cuda_memory, backwards=event.backwards,
+            last_backward=event.last_backward_t,
             **self._gpu_fields(start, start + wall, trace_range is not None),
         )
 

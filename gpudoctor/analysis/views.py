@@ -64,6 +64,8 @@ class Step:
     kernels: int | None = None
     gil: GilStats | None = None
     cuda_memory: CudaMemory | None = None
+    backwards: int = 0  # backward() calls in the step
+    last_backward: float | None = None  # when the last of several backward() calls started (accumulation)
 
     @property
     def end(self) -> float:

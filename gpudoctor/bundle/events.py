@@ -170,6 +170,13 @@ class LoaderEvent(Record, Event, tag="loader", frozen=True):
     t: float | None = None
 
 
+class BackwardSiteEvent(Record, Event, tag="backward_site", frozen=True):
+    """Where the script calls backward() (once per line)."""
+
+    site: Site | None = None
+    t: float | None = None
+
+
 class ForwardSiteEvent(Record, Event, tag="forward_site", frozen=True):
     """Where the script calls its outermost model (once per line)."""
 
@@ -203,6 +210,9 @@ class StepEvent(Record, Event, tag="step", frozen=True):
     wall_s: Seconds
     data_wait_s: Seconds = 0.0
     batches: Count = 0
+    backwards: Count = 0  # backward() calls in the step
+    # time.time() at the last of several backward() calls (gradient accumulation); None with one or none.
+    last_backward_t: float | None = None
     source: str = "none"
     window: str = "waiting"  # waiting | warmup | active | closed | failed
     window_index: Count = 0
@@ -215,9 +225,10 @@ class StepEvent(Record, Event, tag="step", frozen=True):
 
     @property
     def plain(self) -> bool:
-        """A step outside the profiling windows: only its times, wait, batches and labels."""
+        """A step outside the profiling windows: only its times, wait, batches and labels (a step of several
+        backward() calls keeps them, and when the last began)."""
         return (self.phases is None and self.copies is None and self.syncs is None and self.gil is None
-                and self.cuda_memory is None and self.window_index == 0)
+                and self.cuda_memory is None and self.window_index == 0 and self.last_backward_t is None)
 
 
 class WindowEvent(Record, Event, tag="window", frozen=True):
@@ -254,6 +265,7 @@ class EndEvent(Record, Event, tag="end", frozen=True):
 
 AnyEvent: TypeAlias = (
     ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | LoaderEvent
-    | ForwardSiteEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent | EndEvent | StepLessGilEvent
+    | ForwardSiteEvent | BackwardSiteEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent | EndEvent
+    | StepLessGilEvent
 )
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

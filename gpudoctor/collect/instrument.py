@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from gpudoctor.bundle.events import (
+    BackwardSiteEvent,
     CudaDevice,
     EnvWindowEvent,
     ForkEvent,
@@ -223,9 +224,15 @@ class Instrumentation:
         import torch.autograd
 
         recorder, markers = self.recorder, self.recorder.markers
+        sites_seen: set[tuple[str, int]] = set()
 
         def make(original: Any) -> Any:
             def backward(*args: Any, **kwargs: Any) -> Any:
+                site = user_location()
+                key = (site.file, site.line) if site else ("", 0)
+                if key not in sites_seen:  # where the script calls backward(): once per line
+                    sites_seen.add(key)
+                    recorder.emit(BackwardSiteEvent(site=site))
                 handle, started = markers.begin("backward"), perf_counter()
                 try:
                     return original(*args, **kwargs)

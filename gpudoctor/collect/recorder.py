@@ -74,6 +74,7 @@ class StepRecord:
     batches: int = 0
     forwards: int = 0  # calls of the outermost model
     backwards: int = 0  # backward() calls
+    last_backward_t: float | None = None  # time.time() at the last backward() call
     phases: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "backward": 0.0, "optimizer": 0.0})
     copies: dict[CopyKey, list[float]] = field(default_factory=dict)
     syncs: dict[SyncKey, list[float]] = field(default_factory=dict)
@@ -84,7 +85,8 @@ class StepRecord:
         hooked = self.window == window_states.DETAIL  # the hooks' figures: only the detail steps have them
         return StepEvent(
             step=self.index, t0=self.t0, t1=t1, wall_s=max(0.0, p1 - self.p0), data_wait_s=self.data_wait_s,
-            batches=self.batches, source=source, window=self.window,
+            batches=self.batches, source=source, window=self.window, backwards=self.backwards,
+            last_backward_t=self.last_backward_t if self.backwards > 1 else None,
             window_index=self.window_index if in_window else 0,
             phases=Phases(**self.phases) if hooked else None,
             copies=[_copy_row(k, v) for k, v in self.copies.items()] if hooked else None,
@@ -200,6 +202,7 @@ class Recorder:
             self.end_step()
         with self._lock:
             self.current.backwards += 1
+            self.current.last_backward_t = time.time()
 
     def on_forward(self) -> None:
         """The outermost model is called; in forward mode (an inference loop) that starts a new step."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.collectives import collective_s_per_step
+from gpudoctor.analysis.collectives import collective_s_per_step, exposed_per_step
 from gpudoctor.report.document import RankJson
 
 
@@ -32,11 +32,16 @@ class RankFigures:
     # Seconds in collectives in each analysed step, by step index: under DDP, step k is the same iteration on
     # every rank, so the ranks can be compared step by step.
     collective_by_step: Mapping[int, float] = field(default_factory=dict)
+    exposed_s: float | None = None  # of collective_s, the seconds no compute ran beside (median per step)
+    # Of exposed_s, what started before the step's last backward() call (gradient accumulation's all-reduces)
+    exposed_before_last_backward_s: float | None = None
+    backwards: int = 0  # backward() calls per step (median)
 
     def to_json(self) -> RankJson:
         return {
             "rank": self.rank, "median_step_s": self.median_step_s, "data_wait_s": self.data_wait_s,
             "collective_s": self.collective_s, "collective_wait_s": self.collective_wait_s,
+            "exposed_collective_s": self.exposed_s,
             "gpu_idle_s": self.gpu_idle_s, "steps_analysed": self.steps_analysed, "ending": self.ending,
             "exit_status": self.exit_status, "bundle": self.bundle,
         }
@@ -46,11 +51,15 @@ def rank_figures(rank: int, run: Run, median_step_s: float | None, bundle: str) 
     steps = run.steps
     exit_info = run.manifest.exit
     collective = collective_s_per_step(run.trace, steps)
+    exposed = exposed_per_step(run.trace, steps) or []
     return RankFigures(
         rank=rank, median_step_s=median_step_s,
         data_wait_s=_median([s.data_wait_s for s in steps]),
         collective_s=_median(collective or []),
         collective_by_step={s.index: c for s, c in zip(steps, collective)} if collective else {},
+        exposed_s=_median([e.seconds for e in exposed]),
+        exposed_before_last_backward_s=_median([e.before_last_backward for e in exposed]),
+        backwards=round(statistics.median(s.backwards for s in steps)) if steps else 0,
         gpu_idle_s=_median([s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]),
         steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
         exit_status=exit_info.status if exit_info else None, bundle=bundle,

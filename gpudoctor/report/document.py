@@ -86,6 +86,7 @@ class RankJson(TypedDict):
     data_wait_s: float | None
     collective_s: float | None
     collective_wait_s: float | None
+    exposed_collective_s: float | None
     gpu_idle_s: float | None
     steps_analysed: int
     ending: str | None
