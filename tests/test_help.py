@@ -60,7 +60,7 @@ def test_every_command_has_a_whole_one_line_summary(columns: int) -> None:
 @pytest.mark.parametrize("columns", [80, 120])
 def test_usage_lines_name_the_arguments(columns: int) -> None:
     assert "profile [OPTIONS] SCRIPT [ARGS]...\n" in _help(columns, "profile")
-    assert "analyze [OPTIONS] PATH\n" in _help(columns, "analyze")
+    assert "analyze [OPTIONS] PATH...\n" in _help(columns, "analyze")
     assert "rules explain [OPTIONS] CODE\n" in _help(columns, "rules", "explain")
     assert "rules new [OPTIONS] CODE\n" in _help(columns, "rules", "new")
 

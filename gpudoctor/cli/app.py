@@ -104,7 +104,10 @@ Exit status:
   70   a bug in gpudoctor; 73 the output directory cannot be written"""
 PROFILE_HELP = ("Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report. "
                 "gpudoctor's options go before SCRIPT: everything after it is the script's own. While it runs, a "
-                "status line on the terminal (only when stderr is one) shows the steps seen and the profiling window."
+                "status line on the terminal (only when stderr is one) shows the steps seen and the profiling window. "
+                "A torchrun job (gpudoctor profile [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS], or -m "
+                "torch.distributed.run) is profiled rank by rank, one bundle each in RUN/rank-K, and merged into one "
+                "report; the exit status is torchrun's."
                 + EXIT_STATUS_HELP.replace("Exit status:",
                                            "Exit status (the script's own when it fails, a signal N as 128+N):")
                 + "\n  124  --timeout stopped the script")
