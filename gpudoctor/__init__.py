@@ -1,7 +1,8 @@
 """gpudoctor: find out why a PyTorch script leaves its GPU idle, and what to change.
 
 The public API for rule authors is `rule`, `Finding`, `Run` and `NotEvaluated` (and the view types that
-`Run` returns, importable from `gpudoctor.analysis`); `gpudoctor.testing` tests a rule. A training loop
+`Run` returns, importable from `gpudoctor.analysis`); a rule of a torchrun job (`@rule(..., scope="job")`)
+takes a `Job` of `RankRun`s, each with its `RankFigures`. `gpudoctor.testing` tests a rule. A training loop
 with neither an optimizer nor a DataLoader marks its steps with `gpudoctor.step()`. Importing gpudoctor is
 cheap: the rest loads on first use.
 """
@@ -15,8 +16,9 @@ from gpudoctor._version import __version__
 if TYPE_CHECKING:
     from gpudoctor.analysis import NotEvaluated, Run
     from gpudoctor.engine.api import Finding, rule
+    from gpudoctor.job import Job, RankFigures, RankRun
 
-__all__ = ["Finding", "NotEvaluated", "Run", "__version__", "rule", "step"]
+__all__ = ["Finding", "Job", "NotEvaluated", "RankFigures", "RankRun", "Run", "__version__", "rule", "step"]
 
 
 def step() -> None:
@@ -37,4 +39,8 @@ def __getattr__(name: str) -> Any:
         from gpudoctor import analysis
 
         return getattr(analysis, name)
+    if name in ("Job", "RankFigures", "RankRun"):
+        from gpudoctor import job
+
+        return getattr(job, name)
     raise AttributeError(f"module 'gpudoctor' has no attribute {name!r}")

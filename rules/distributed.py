@@ -6,9 +6,8 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpudoctor import Finding, NotEvaluated, rule
+from gpudoctor import Finding, Job, NotEvaluated, RankFigures, RankRun, rule
 from gpudoctor.analysis.views import Location
-from gpudoctor.job import Job, RankFigures, RankRun
 
 # A data wait explains the straggling when the slow rank waits for data at least this share of what the others
 # wait for it: the rest of the difference is then within what one more finding could name.

@@ -113,6 +113,15 @@ class GpuView:
             return self._compute_by_device[self.devices[0]]
         return self._union(self._kernel_mask)
 
+    @cached_property
+    def _copies_any_device(self) -> intervals.Disjoint:
+        return self._union(self._mask(_MEMCPY))
+
+    def exposed_copy_s(self, lo: float, hi: float) -> float:
+        """Seconds of [lo, hi] with a copy (any direction) in flight and no kernel beside it."""
+        spans = self._copies_any_device.clipped(lo, hi)
+        return sum((e - s) - self._kernels_any_device.covered(s, e) for s, e in spans)
+
     def h2d_copy_overlap(self, lo: float, hi: float) -> tuple[float, float]:
         """Seconds of [lo, hi] with a host-to-device copy in flight, and how many of them a kernel overlaps."""
         spans = self._h2d_copies.clipped(lo, hi)

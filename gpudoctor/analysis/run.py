@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpudoctor import bundle as bundle_io
+from gpudoctor.analysis.budget import Budget, step_budget
 from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
@@ -239,6 +240,16 @@ class Run:
         if self.gpu is None:
             raise NotEvaluated(self._why_no_gpu())
         return self.gpu
+
+    @cached_property
+    def budget(self) -> Budget | None:
+        """The analysed steps' time budget (analysis.budget); None without GPU activity in the trace."""
+        from gpudoctor.analysis.timebase import reference_step  # timebase reads a Run: imported here, not above
+
+        steady = self.steady_steps
+        wall = sum(s.wall_s for s in steady)
+        wait = sum(s.data_wait_s for s in steady) / wall if wall > 0 else None
+        return step_budget(self.steps, self.gpu, self.trace, wait, reference_step(self).seconds)
 
     @cached_property
     def sync_stall_s(self) -> float | None:

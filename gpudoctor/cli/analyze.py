@@ -34,7 +34,8 @@ from gpudoctor.diagnose import (
 )
 from gpudoctor.diffing import compare_runs, write_file
 from gpudoctor.errors import EXIT_FINDINGS, InputNotFoundError
-from gpudoctor.job import diagnose_job, is_job_dir
+from gpudoctor.job import is_job_dir
+from gpudoctor.job.merge import diagnose_job
 from gpudoctor.report.diff_render import DIFF_FORMATS, render_diff
 from gpudoctor.ui.trace_progress import TraceProgress
 

@@ -15,7 +15,7 @@ from gpudoctor.diagnose import (
     prepare_rules,
 )
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.job import diagnose_job
+from gpudoctor.job.merge import diagnose_job
 from gpudoctor.launcher import ProfileOutcome, ProfileRequest
 from gpudoctor.launcher import profile as run_profile
 from gpudoctor.report.document import Report

@@ -75,6 +75,21 @@ class _RunFields(TypedDict):
     window: WindowSettingsJson | None
     trace_only: bool
     trace: str | None
+    budget: BudgetJson | None  # where the analysed steps' time went, split once (analysis.budget)
+
+
+class BudgetSliceJson(TypedDict):
+    slice: str  # gpu_busy | collective | data_wait | sync | copy | host | unexplained
+    label: str
+    seconds: float  # mean per analysed step
+    share: float  # of the mean step
+    claimed_by: list[str]  # the codes of the findings whose saving is made of this slice
+
+
+class BudgetJson(TypedDict):
+    step_s: float  # the mean analysed step
+    steps: int
+    slices: list[BudgetSliceJson]
 
 
 class RankJson(TypedDict):

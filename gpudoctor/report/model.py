@@ -36,6 +36,7 @@ from gpudoctor.bundle.findings import FindingJson, FindingRecord, LocationJson
 from gpudoctor.bundle.manifest import Target, WindowSettings
 from gpudoctor.engine import EngineResult
 from gpudoctor.engine.windows import WindowStats
+from gpudoctor.report.budget import budget_json
 from gpudoctor.report.charts import PHASE_LABELS, kernel_chart, step_chart, timeline_chart
 from gpudoctor.report.document import (
     BreakdownJson,
@@ -197,6 +198,7 @@ def _run_facts(run: Run) -> RunFacts:
         "exception": _exception(run), "window": _window_settings(manifest.window),
         "trace_only": run.trace_only,
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
+        "budget": None,  # build_report fills it in, with the findings that claim each slice
     }
 
 
@@ -265,6 +267,18 @@ def _card(index: int, record: FindingRecord, shown: FindingJson, run: Run, docs:
     }
 
 
+IDLE_SLICES = ("data_wait", "sync", "host", "unexplained")
+
+
+def _idle_share(run: Run) -> float | None:
+    """The share of the step the GPU idles: the budget's idle slices (its data wait is every step's, as the
+    savings are), else the analysed steps' idle time."""
+    budget = run.budget
+    if budget is None:
+        return run.gpu_idle_share
+    return sum(s.share for s in budget.slices if s.name in IDLE_SLICES)
+
+
 def finding_cards(records: list[FindingRecord], run: Run, docs: Mapping[str, str]) -> list[Card]:
     """A card for each finding, its source lines read from `run`'s working directory."""
     created = _created(run)
@@ -279,17 +293,19 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     `run` is then the window the charts show.
     """
     steps = run.steps
-    idle = run.gpu_idle_share
+    idle = _idle_share(run)
     created = _created(run)
     problems = _problems(result.findings)
     not_measured = _not_measured(run)
     status = _status(result.findings, steps, not_measured)
     findings = [f.to_json() for f in result.findings]  # the report, as findings.json, holds them as JSON
     launch_bound = any(f.category == "small_batch" for f in problems)  # the kernel chart shows why
+    facts = _run_facts(run)
+    facts["budget"] = budget_json(run.budget, result.findings)
     return {
         "schema_version": SCHEMA_VERSION,
         "gpudoctor_version": __version__,
-        "run": _run_facts(run),
+        "run": facts,
         "summary": {
             "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status)), "gpu_idle_share": idle,
             "healthy": not problems, "problems": len(problems), "status": status,

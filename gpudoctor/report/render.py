@@ -13,7 +13,7 @@ from markupsafe import Markup, escape
 from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.paths import templates_dir
 from gpudoctor.report import svg
-from gpudoctor.report.document import FindingsDocument, Report
+from gpudoctor.report.document import BudgetJson, FindingsDocument, Report
 from gpudoctor.report.units import elapsed, percent, seconds, step_after
 
 
@@ -87,6 +87,16 @@ def _location(finding: FindingJson) -> str:
     return f" at {loc['file']}:{loc['line']}" if loc else ""
 
 
+BUDGET_WORDS = {"gpu_busy": "GPU computing", "collective": "collectives", "data_wait": "waiting for data",
+                "sync": "syncs", "copy": "copies", "host": "host-side work", "unexplained": "unexplained"}
+
+
+def _budget_line(budget: BudgetJson) -> str:
+    """'each step: GPU computing 64%, syncs 15%, host-side work 17%, unexplained 4%' (slices of 1% or more)."""
+    shown = [f"{BUDGET_WORDS[s['slice']]} {s['share']:.0%}" for s in budget["slices"] if s["share"] >= 0.01]
+    return "each step: " + ", ".join(shown)
+
+
 def _on_ranks(finding: FindingJson) -> str:
     """' (rank 1)', ' (ranks 0, 1)' for a finding of a torchrun job's rank; nothing for one of the whole job."""
     ranks = finding.get("ranks")
@@ -110,6 +120,9 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
     if run.get("gpus"):
         facts.append(", ".join(str(gpu) for gpu in run["gpus"]))  # as the page joins them: an unnamed GPU is None
     lines.append("  " + "; ".join(facts))
+    budget = run.get("budget")
+    if budget:
+        lines.append("  " + _budget_line(budget))
     windows = report.get("windows") or []
     if len(windows) > 1:
         charted = next((w["index"] for w in windows if w["charted"]), None)

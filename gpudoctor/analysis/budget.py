@@ -1,0 +1,144 @@
+"""The step time budget: each analysed step's wall time split once, every second given to exactly one slice.
+
+The GPU is busy computing, in a collective, or copying with no kernel beside the copy (`copy`, on the step's
+critical path); or it idles, and each idle gap is given to one cause, in order:
+
+1. `data_wait`: the host was waiting for the next batch (the recorder times it at the top of the step);
+2. `sync`: a synchronizing call (or a blocking cudaMemcpy) overlaps the gap: the host was blocked, the GPU
+   drained its queue and waited for the host to launch again (as in analysis.stalls);
+3. `copy`: a blocking host-to-device copy from pageable memory overlaps it (cudaMemcpy on the host);
+4. `host`: the host was launching work (CUDA runtime calls inside the gap): Python and launch overhead;
+5. `unexplained`: nothing the trace shows: the host ran Python that launched nothing, or waited on something
+   gpudoctor does not see (a lock, a file, another process).
+
+A trace too large to keep every runtime call (analysis.trace.DETAIL_MAX_BYTES) cannot tell 4 from 5: its
+remaining idle is `host`. Steps without GPU activity in the trace have no budget.
+
+The split is measured on the profiled steps, but a window of a few steps may catch the loader ahead or behind:
+the data wait is timed cheaply in every step, so the budget's `data_wait` is the share of every step after
+start-up (as the input-pipeline rules size their savings), the other slices scaled to fill the rest, and its
+seconds are of the step the report's savings are given against (analysis.timebase.reference_step).
+"""
+
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpudoctor import intervals
+from gpudoctor.analysis.collectives import collective_spans
+from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.trace import SYNC_CALLS, HostSpan, TraceData
+from gpudoctor.analysis.views import Step
+
+SLICES = ("gpu_busy", "collective", "data_wait", "sync", "copy", "host", "unexplained")
+SLICE_LABELS = {
+    "gpu_busy": "GPU computing", "collective": "GPU in collectives (waiting for other ranks included)",
+    "data_wait": "GPU idle: host waiting for data", "sync": "GPU idle: host blocked in a sync",
+    "copy": "Copies not overlapped, and GPU idle in a blocking copy",
+    "host": "GPU idle: host-side work (Python, launches)",
+    "unexplained": "GPU idle: unexplained",
+}
+
+
+@dataclass(frozen=True)
+class Slice:
+    name: str  # one of SLICES
+    seconds: float  # mean per analysed step
+    share: float  # of the mean step
+
+
+@dataclass(frozen=True)
+class Budget:
+    step_s: float  # the mean analysed step
+    steps: int
+    slices: tuple[Slice, ...]  # every slice of SLICES, in order, zero ones included
+
+    def seconds(self, name: str) -> float:
+        return next(s.seconds for s in self.slices if s.name == name)
+
+
+def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | None,
+                steady_wait_share: float | None = None, step_s: float | None = None) -> Budget | None:
+    """The budget of the steps that lie on the trace with GPU activity (None when there is none), with the data
+    wait of every step after start-up (`steady_wait_share`) and in seconds of `step_s` when given."""
+    if gpu is None or trace is None:
+        return None
+    placed = [s for s in steps if s.gpu_busy_s is not None]
+    mean_step = statistics.fmean(s.wall_s for s in placed) if placed else 0.0
+    if mean_step <= 0:
+        return None
+    splitter = _Splitter(gpu, trace)
+    per_step = [splitter.split(step) for step in placed]
+    shares = {name: statistics.fmean(split.get(name, 0.0) for split in per_step) / mean_step for name in SLICES}
+    if steady_wait_share is not None:
+        shares = _with_wait_share(shares, steady_wait_share)
+    step = step_s or mean_step
+    return Budget(step, len(placed), tuple(Slice(name, shares[name] * step, shares[name]) for name in SLICES))
+
+
+def _with_wait_share(shares: dict[str, float], wait: float) -> dict[str, float]:
+    """The window's shares with the data wait set to `wait`, the other slices scaled to fill the rest."""
+    rest = 1.0 - shares["data_wait"]
+    if rest <= 0:  # the window only waited: nothing to scale
+        return shares
+    scale = (1.0 - wait) / rest
+    return {name: wait if name == "data_wait" else share * scale for name, share in shares.items()}
+
+
+class _Splitter:
+    def __init__(self, gpu: GpuView, trace: TraceData) -> None:
+        self.gpu, self.detail = gpu, trace.detail
+        self.collectives = collective_spans(trace)
+        self.blocking = _spans(r for r in trace.runtime if r.name in SYNC_CALLS)
+        self.copies = _spans(r for r in trace.runtime if r.name == "cudaMemcpy")
+        self.runtime_starts = sorted(r.start for r in trace.runtime)
+
+    def split(self, step: Step) -> dict[str, float]:
+        start, end = step.start, step.end
+        busy = step.gpu_busy_s or 0.0
+        collective = min(busy, self.collectives.covered(start, end) if self.collectives is not None else 0.0)
+        copying = min(busy - collective, self.gpu.exposed_copy_s(start, end))  # on the critical path
+        parts = {"gpu_busy": busy - collective - copying, "collective": collective, "copy": copying}
+        data_end = start + step.data_wait_s
+        for gap_start, gap_end in self.gpu.idle_gaps(start, end):
+            waited = max(0.0, min(gap_end, data_end) - gap_start)
+            _add(parts, "data_wait", waited)
+            rest_start = gap_start + waited
+            if rest_start >= gap_end:
+                continue
+            _add(parts, self._cause(rest_start, gap_end), gap_end - rest_start)
+        return parts
+
+    def _cause(self, lo: float, hi: float) -> str:
+        if self.blocking.overlaps(lo, hi):
+            return "sync"
+        if self.copies.overlaps(lo, hi):
+            return "copy"
+        if not self.detail:
+            return "host"
+        launched = bisect_left(self.runtime_starts, hi) > bisect_left(self.runtime_starts, lo)
+        return "host" if launched else "unexplained"
+
+
+class _SpanSet:
+    """Host calls as intervals: does any of them overlap [lo, hi]?"""
+
+    def __init__(self, union: intervals.Disjoint) -> None:
+        self.union = union
+
+    def overlaps(self, lo: float, hi: float) -> bool:
+        return bool(self.union.clipped(lo, hi))
+
+
+def _spans(calls: Iterable[HostSpan]) -> _SpanSet:
+    pairs = sorted((c.start, c.end) for c in calls)
+    starts = [p[0] for p in pairs]
+    ends = [p[1] for p in pairs]
+    return _SpanSet(intervals.union_of(starts, ends))
+
+
+def _add(parts: dict[str, float], name: str, seconds: float) -> None:
+    parts[name] = parts.get(name, 0.0) + seconds

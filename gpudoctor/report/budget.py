@@ -1,0 +1,34 @@
+"""The step time budget as findings.json and the report show it: each slice with the findings that claim it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpudoctor.analysis.budget import SLICE_LABELS, Budget
+from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.report.document import BudgetJson
+
+# The slices of the budget a finding's saving is made of, by its category: a blocking device-to-host copy is a
+# sync too; threads that serialize on the GIL, or a host short of CPU, slow whatever the host does.
+SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
+    "data_starvation": ("data_wait",), "cpu_oversubscription": ("data_wait",), "blocking_copy": ("copy", "sync"),
+    "sync_point": ("sync",), "small_batch": ("host", "unexplained"),
+    "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
+    "straggler": ("collective",), "communication": ("collective",),
+}
+
+
+def budget_json(budget: Budget | None, findings: Sequence[FindingRecord]) -> BudgetJson | None:
+    if budget is None:
+        return None
+    claims: dict[str, list[str]] = {}
+    for finding in findings:
+        for where in SLICES_OF_CATEGORY.get(finding.category, ()) if finding.impact else ():
+            if finding.code not in claims.setdefault(where, []):
+                claims[where].append(finding.code)
+    return {
+        "step_s": round(budget.step_s, 9), "steps": budget.steps,
+        "slices": [{"slice": s.name, "label": SLICE_LABELS[s.name], "seconds": round(s.seconds, 9),
+                    "share": round(min(1.0, s.share), 6), "claimed_by": claims.get(s.name, [])}
+                   for s in budget.slices],
+    }

@@ -1,0 +1,86 @@
+"""The step time budget (analysis.budget): every second of a step in exactly one slice, each idle gap given to
+the right cause, and no finding claiming more of the step than the slices it is made of."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from conftest import REPO
+from gpudoctor.analysis import Run
+from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
+from gpudoctor.report.budget import SLICES_OF_CATEGORY
+from gpudoctor.testing import BundleBuilder
+
+BUNDLES = REPO / "fixtures" / "bundles"
+RECORDED = sorted(p.name for p in BUNDLES.iterdir() if (p / "trace.json.gz").exists())
+
+
+@cache
+def _report(name: str) -> dict:
+    return dict(diagnose(Run.from_bundle(BUNDLES / name), prepare_rules(RuleSelection())))
+
+
+def _shares(name: str) -> dict[str, float]:
+    budget = _report(name)["run"]["budget"]
+    assert budget is not None, name
+    return {s["slice"]: s["share"] for s in budget["slices"]}
+
+
+def test_each_idle_gap_goes_to_one_cause(tmp_path) -> None:
+    # A 10 ms step: 2 ms waiting for data, then kernels at 2-4, 6-7 and 8-9 ms; the gap at 4-6 ms follows a
+    # cudaStreamSynchronize (the host was blocked), the one at 7-8 has a launch in it (host-side work), the one
+    # at 9-10 has nothing in it.
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010, data_wait_s=0.002):
+        b.kernels([(step, 0.002, 0.002), (step, 0.006, 0.001), (step, 0.008, 0.001)])
+        b.cuda_call("cudaStreamSynchronize", step=step, at=0.0035, dur=0.0006)
+        b.cuda_call("cudaLaunchKernel", step=step, at=0.0072, dur=0.00001)
+    budget = b.build().budget
+    assert budget is not None
+    shares = {s.name: s.share for s in budget.slices}
+    assert shares == pytest.approx({"gpu_busy": 0.4, "collective": 0.0, "data_wait": 0.2, "sync": 0.2, "copy": 0.0,
+                                    "host": 0.1, "unexplained": 0.1}, abs=1e-6)
+
+
+def test_no_gpu_activity_no_budget(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(4, wall_s=0.010)
+    assert b.build().budget is None
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_the_slices_add_up_to_the_step(name: str) -> None:
+    budget = _report(name)["run"]["budget"]
+    if budget is None:  # a run that crashed before its window
+        assert not _report(name)["steps"], name
+        return
+    assert sum(s["seconds"] for s in budget["slices"]) == pytest.approx(budget["step_s"], rel=1e-4)
+    assert all(0.0 <= s["share"] <= 1.0 for s in budget["slices"])
+
+
+@pytest.mark.parametrize("name", RECORDED)
+def test_findings_claim_no_more_than_their_slices(name: str) -> None:
+    report = _report(name)
+    budget = report["run"]["budget"]
+    if budget is None:
+        return
+    shares = {s["slice"]: s["share"] for s in budget["slices"]}
+    claimed: dict[tuple[str, ...], float] = {}
+    for finding in report["findings"]:
+        slices = SLICES_OF_CATEGORY.get(finding["category"])
+        if slices and finding["impact"]:
+            claimed[slices] = claimed.get(slices, 0.0) + finding["impact"]
+            assert finding["code"] in next(s for s in budget["slices"] if s["slice"] == slices[0])["claimed_by"]
+    for slices, impact in claimed.items():
+        assert impact <= sum(shares[s] for s in slices) + 0.02, (name, slices, impact, shares)
+
+
+def test_recorded_pathologies_land_in_their_slices() -> None:
+    assert _shares("data_starvation_bad")["data_wait"] > 0.8
+    assert _shares("blocking_copy_bad")["copy"] > 0.6  # the twin that pins its batches measured 63% faster
+    assert 0.10 < _shares("sync_point_bad")["sync"] < 0.20  # its fixed twin measured 16% faster
+    assert _shares("small_batch_bad")["host"] > 0.5
+    assert _shares("healthy_inference")["gpu_busy"] > 0.9
+    assert _shares("blocking_copy_prefetch")["copy"] < 0.1
