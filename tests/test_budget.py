@@ -4,6 +4,7 @@ the right cause, and no finding claiming more of the step than the slices it is 
 from __future__ import annotations
 
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,16 @@ def test_recorded_pathologies_land_in_their_slices() -> None:
     assert _shares("small_batch_bad")["host"] > 0.5
     assert _shares("healthy_inference")["gpu_busy"] > 0.9
     assert _shares("blocking_copy_prefetch")["copy"] < 0.1
+
+
+def test_the_host_lines_name_the_main_process_loader(gd) -> None:
+    example = REPO / "examples" / "starved_training.py"
+    window = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2", "--detail-steps", "8")
+    result = gd.profile(str(example), "--epochs", "1", options=window)
+    assert result.returncode == 0, result
+    lines = result.findings()["run"]["host_lines"]
+    # Sampled when the main thread lets the GIL go: the dataset's busy __getitem__ and the model's forward (torch
+    # operators release it) share the samples, in proportions that vary from run to run on two busy cores.
+    assert "__getitem__" in [line["function"] for line in lines[:2]], lines
+    assert sum(line["share"] for line in lines) <= 1.0
+    assert all(Path(line["file"]).resolve() == example.resolve() for line in lines)

@@ -40,6 +40,7 @@ from gpudoctor.bundle.events import (
     BackwardSiteEvent,
     ForkEvent,
     ForwardSiteEvent,
+    HostLinesEvent,
     LoaderEvent,
     ProcessFacts,
     StepEvent,
@@ -314,6 +315,20 @@ class Run:
         if main is None:
             return None
         return {main} | {t.native_id for t in self.threads if t.native_id is not None}
+
+    @cached_property
+    def host_lines(self) -> list[tuple[Location, float]]:
+        """The user's lines the host spent its time on in the detail steps, each with its share of the samples
+        (collect.hostlines), the most sampled first."""
+        counts: dict[Location, int] = {}
+        total = 0
+        for event in self.events(HostLinesEvent):
+            total += event.samples
+            for line in event.lines:
+                where = Location(line.file, line.line, line.function)
+                counts[where] = counts.get(where, 0) + line.samples
+        ranked = sorted(counts.items(), key=lambda item: -item[1])
+        return [(where, count / total) for where, count in ranked] if total else []
 
     @cached_property
     def backward_location(self) -> Location | None:

@@ -170,6 +170,23 @@ class LoaderEvent(Record, Event, tag="loader", frozen=True):
     t: float | None = None
 
 
+class HostLine(Record, frozen=True):
+    file: str
+    line: int
+    function: str = ""
+    samples: Count = 0
+
+
+class HostLinesEvent(Record, Event, tag="host_lines", frozen=True):
+    """The user's lines the main thread was in, sampled every `interval_s` in the window's detail steps (the
+    most sampled first, at most ten); `samples` counts every look, a line outside the user's code included."""
+
+    samples: Count
+    interval_s: float
+    lines: list[HostLine] = msgspec.field(default_factory=list)
+    t: float | None = None
+
+
 class BackwardSiteEvent(Record, Event, tag="backward_site", frozen=True):
     """Where the script calls backward() (once per line)."""
 
@@ -265,7 +282,8 @@ class EndEvent(Record, Event, tag="end", frozen=True):
 
 AnyEvent: TypeAlias = (
     ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | LoaderEvent
-    | ForwardSiteEvent | BackwardSiteEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent | EndEvent
+    | ForwardSiteEvent | BackwardSiteEvent | HostLinesEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent
+    | EndEvent
     | StepLessGilEvent
 )
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

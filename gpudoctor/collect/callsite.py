@@ -45,8 +45,12 @@ def user_frame(skip: int = 1) -> FrameType | None:
     Libraries in site-packages (a Trainer, say) count as the user's only when no frame of the script's
     own code is on the stack, so that the line shown is the one the user can change.
     """
+    return user_frame_from(sys._getframe(skip + 1))
+
+
+def user_frame_from(frame: FrameType | None) -> FrameType | None:
+    """`user_frame` of a stack that starts at `frame` (another thread's, say)."""
     torch_dir = _dir_of("torch")
-    frame: FrameType | None = sys._getframe(skip + 1)
     fallback = None
     while frame is not None:
         filename = frame.f_code.co_filename

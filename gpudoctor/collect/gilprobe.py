@@ -13,9 +13,11 @@ from collections.abc import Callable
 
 
 class GilProbe:
-    def __init__(self, interval_s: float, record: Callable[[float], None]) -> None:
+    def __init__(self, interval_s: float, record: Callable[[float], None],
+                 look: Callable[[], None] | None = None) -> None:
         self._interval = interval_s
         self._record = record
+        self._look = look  # called at each wake, with the GIL held (collect.hostlines)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -31,8 +33,10 @@ class GilProbe:
         self._thread = None
 
     def _run(self) -> None:
-        interval, stop, record = self._interval, self._stop, self._record
+        interval, stop, record, look = self._interval, self._stop, self._record, self._look
         while not stop.is_set():
             started = time.perf_counter()
             time.sleep(interval)
             record(max(0.0, time.perf_counter() - started - interval))
+            if look is not None:
+                look()

@@ -31,6 +31,7 @@ from gpudoctor.bundle.events import (
 )
 from gpudoctor.collect.callsite import user_location
 from gpudoctor.collect.gilprobe import GilProbe
+from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
 from gpudoctor.collect.step_hooks import find_outermost_model, hook_backward_steps
@@ -46,7 +47,8 @@ class Instrumentation:
         self._window_hooks: list[Any] = []
         self._step_hooks: list[Any] = []  # module hooks that find steps (removed at the end)
         self._local = threading.local()  # per-thread: the optimizer step's start, re-entrancy guard
-        self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay)
+        self._host_lines = HostLines(recorder.config.gil_probe_interval_s)
+        self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay, self._host_lines.sample)
         self._loaders_seen: set[int] = set()
         recorder.on_window_change(self._on_window_change)
 
@@ -172,6 +174,9 @@ class Instrumentation:
             self.recorder.emit(_torch_runtime_facts())
         elif not hooked and self._window_hooks:
             self._probe.stop()
+            lines = self._host_lines.event()
+            if lines is not None:
+                self.recorder.emit(lines)
             for handle in self._window_hooks:
                 handle.remove()
             self._window_hooks.clear()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpudoctor.analysis.budget import SLICE_LABELS, Budget
+from gpudoctor.analysis.views import Location
 from gpudoctor.bundle.findings import FindingRecord
-from gpudoctor.report.document import BudgetJson
+from gpudoctor.report.document import BudgetJson, HostLineJson
 
 # The slices of the budget a finding's saving is made of, by its category: a blocking device-to-host copy is a
 # sync too; threads that serialize on the GIL, or a host short of CPU, slow whatever the host does.
@@ -16,6 +17,14 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
     "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
     "straggler": ("collective",), "communication": ("collective",),
 }
+
+
+MAX_HOST_LINES = 5
+
+
+def host_lines_json(host_lines: Sequence[tuple[Location, float]]) -> list[HostLineJson]:
+    return [{"file": where.file, "line": where.line, "function": where.function, "share": round(share, 4)}
+            for where, share in host_lines[:MAX_HOST_LINES]]
 
 
 def budget_json(budget: Budget | None, findings: Sequence[FindingRecord]) -> BudgetJson | None:

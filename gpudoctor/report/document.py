@@ -76,6 +76,7 @@ class _RunFields(TypedDict):
     trace_only: bool
     trace: str | None
     budget: BudgetJson | None  # where the analysed steps' time went, split once (analysis.budget)
+    host_lines: list[HostLineJson]  # the user's lines the host spends its time on, the most sampled first
 
 
 class BudgetSliceJson(TypedDict):
@@ -84,6 +85,13 @@ class BudgetSliceJson(TypedDict):
     seconds: float  # mean per analysed step
     share: float  # of the mean step
     claimed_by: list[str]  # the codes of the findings whose saving is made of this slice
+
+
+class HostLineJson(TypedDict):
+    file: str
+    line: int
+    function: str
+    share: float  # of the samples of the main thread's stack in the detail steps
 
 
 class BudgetJson(TypedDict):

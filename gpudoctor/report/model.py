@@ -36,7 +36,7 @@ from gpudoctor.bundle.findings import FindingJson, FindingRecord, LocationJson
 from gpudoctor.bundle.manifest import Target, WindowSettings
 from gpudoctor.engine import EngineResult
 from gpudoctor.engine.windows import WindowStats
-from gpudoctor.report.budget import budget_json
+from gpudoctor.report.budget import budget_json, host_lines_json
 from gpudoctor.report.charts import PHASE_LABELS, kernel_chart, step_chart, timeline_chart
 from gpudoctor.report.document import (
     BreakdownJson,
@@ -199,6 +199,7 @@ def _run_facts(run: Run) -> RunFacts:
         "trace_only": run.trace_only,
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
         "budget": None,  # build_report fills it in, with the findings that claim each slice
+        "host_lines": host_lines_json(run.host_lines),
     }
 
 
