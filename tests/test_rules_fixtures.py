@@ -44,6 +44,9 @@ SYNTHETIC_ONLY = {"GD401"}
 # Rules proven by `gpudoctor profile` on the CPU, on a pathological script and its twin (tests/test_rules_cpu_e2e.py):
 # what they see (cores taken by other programs) is the host's, not the GPU's.
 CPU_E2E_ONLY = {"GD505"}
+# Rules of a torchrun job, proven on two-rank gloo jobs run for real on the CPU (tests/test_job.py): a straggler by
+# its loader and a balanced job; gradient accumulation without and with no_sync. No two-GPU job is recorded yet.
+CPU_JOB_ONLY = {"GD601", "GD602"}
 # Twins that fix what their pair measures but keep the pathology: tiny_batch_ops_fixed runs 32x the samples in
 # the same step time (the per-sample gain its pair checks), and that step is still launch-bound (GPU idle 84%).
 STILL_PATHOLOGICAL = {"tiny_batch_ops_fixed": {"GD301"}}
@@ -128,7 +131,8 @@ def test_every_fixed_fixture_is_the_twin_of_a_pair() -> None:
 
 
 def test_every_rule_has_a_fixture_and_documentation() -> None:
-    covered = {code for name in available_fixtures() for code in expected(name).codes} | SYNTHETIC_ONLY | CPU_E2E_ONLY
+    covered = ({code for name in available_fixtures() for code in expected(name).codes} | SYNTHETIC_ONLY | CPU_E2E_ONLY
+               | CPU_JOB_ONLY)
     for r in builtin_rules():
         assert r.code in covered, f"{r.code} has no fixture"
         for section in ("What it detects", "Why it matters", "Fix"):
