@@ -19,6 +19,8 @@ from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.jsonio import decode_error
 from gpudoctor.diagnose import RuleSelection, diagnose, load_project_rules, open_run, prepare_rules
 from gpudoctor.errors import BundleError, InputNotFoundError, OutputNotWritableError
+from gpudoctor.job import is_job_dir
+from gpudoctor.job.merge import diagnose_job
 from gpudoctor.report.diff import RunDiff, RunFindings, Source, canonical_codes, compare
 from gpudoctor.report.render import findings_document
 from gpudoctor.ui.trace_progress import TraceProgress
@@ -75,6 +77,9 @@ def _read_findings(path: Path) -> _FindingsFile:
 
 def _analysed(run_dir: Path, rule_paths: Sequence[str], progress: IO[str] | None) -> _FindingsFile:
     """A bundle without findings.json, analysed now as `gpudoctor analyze` would, its findings read back typed."""
+    if is_job_dir(run_dir):  # a torchrun job's run directory: its ranks, merged
+        report = diagnose_job([run_dir], prepare_rules(RuleSelection(paths=tuple(rule_paths))))
+        return msgspec.convert(findings_document(report), _FindingsFile)
     run = open_run(run_dir)
     run.trace_progress = TraceProgress.on_terminal(progress) if progress is not None else None
     document = findings_document(diagnose(run, prepare_rules(RuleSelection(paths=tuple(rule_paths)))))

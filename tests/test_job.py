@@ -145,3 +145,15 @@ def test_accumulation_under_no_sync_is_quiet(gd: Gpudoctor) -> None:
     assert [f["code"] for f in merged["findings"] if f["category"] == "communication"] == []
     ranks = merged["run"]["ranks"]
     assert all(r["exposed_collective_s"] is not None and r["exposed_collective_s"] > 0 for r in ranks)
+
+
+def test_diff_compares_two_jobs(straggler_job: tuple[Gpudoctor, dict], gd: Gpudoctor) -> None:
+    source, _ = straggler_job
+    for name in ("before", "after"):  # rank bundles only: diff analyses each job first
+        for rank in (0, 1):
+            shutil.copytree(source.cwd / "run" / f"rank-{rank}", gd.cwd / name / f"rank-{rank}",
+                            ignore=shutil.ignore_patterns("findings.json", "report.html"))
+    result = gd.run("diff", "before", "after")
+    assert result.returncode == 0, result
+    assert "resolved: none" in result.stdout and "new: none" in result.stdout
+    assert "GD601 Rank 1 holds back the others" in result.stdout.split("remaining")[1]
