@@ -54,10 +54,12 @@ def compute_spans(trace: TraceData) -> intervals.Disjoint:
 class Exposed:
     """A step's seconds in collectives while no compute ran beside them (see compute_spans): communication on
     the step's critical path; `before_last_backward` is the part that started before the step's last backward()
-    call, in a step of several (gradient accumulation): all-reduces of gradients that are not final yet."""
+    call, in a step of several (gradient accumulation): all-reduces of gradients that are not final yet;
+    `all_before_last_backward` counts those all-reduces whole, overlapped or not."""
 
     seconds: float
     before_last_backward: float
+    all_before_last_backward: float
 
 
 def exposed_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[Exposed] | None:
@@ -71,8 +73,9 @@ def exposed_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[Exp
         pieces = [(start, end, (end - start) - compute.covered(start, end))
                   for start, end in spans.clipped(step.start, step.end)]
         last = step.last_backward
-        early = sum(bare for start, _, bare in pieces if last is not None and start < last)
-        exposed.append(Exposed(sum(bare for _, _, bare in pieces), early))
+        early = [(start, end, bare) for start, end, bare in pieces if last is not None and start < last]
+        exposed.append(Exposed(sum(bare for _, _, bare in pieces), sum(bare for _, _, bare in early),
+                               sum(end - start for start, end, _ in early)))
     return exposed
 
 

@@ -35,6 +35,7 @@ class RankFigures:
     exposed_s: float | None = None  # of collective_s, the seconds no compute ran beside (median per step)
     # Of exposed_s, what started before the step's last backward() call (gradient accumulation's all-reduces)
     exposed_before_last_backward_s: float | None = None
+    collective_before_last_backward_s: float | None = None  # those all-reduces whole, overlapped or not
     backwards: int = 0  # backward() calls per step (median)
 
     def to_json(self) -> RankJson:
@@ -59,6 +60,7 @@ def rank_figures(rank: int, run: Run, median_step_s: float | None, bundle: str) 
         collective_by_step={s.index: c for s, c in zip(steps, collective)} if collective else {},
         exposed_s=_median([e.seconds for e in exposed]),
         exposed_before_last_backward_s=_median([e.before_last_backward for e in exposed]),
+        collective_before_last_backward_s=_median([e.all_before_last_backward for e in exposed]),
         backwards=round(statistics.median(s.backwards for s in steps)) if steps else 0,
         gpu_idle_s=_median([s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]),
         steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,

@@ -1,9 +1,9 @@
 """Data-parallel training (gloo, CPU) where one rank loads its batches in the main process: the straggler.
 
 Each sample takes --sample-ms to load (a sleep: reading from a slow disk). The ranks in --slow-ranks iterate
-their DataLoader with num_workers=0, so every step waits for a whole batch; the other ranks have a worker
-that loads ahead, and then wait for the slow rank in every all-reduce. `--slow-ranks ""` is the fixed twin:
-every rank has its workers.
+their DataLoader with num_workers=0, so every step waits for a whole batch; the other ranks have two workers
+(--workers) that load ahead, and then wait for the slow rank in every all-reduce. `--slow-ranks ""` is the fixed
+twin: every rank has its workers.
 """
 
 import argparse
@@ -35,22 +35,28 @@ def main() -> None:
     parser.add_argument("--sample-ms", type=float, default=0.5)
     parser.add_argument("--width", type=int, default=512, help="the model's hidden width: its compute per step")
     parser.add_argument("--slow-ranks", default="1", help="comma-separated ranks that load without workers")
+    parser.add_argument("--workers", type=int, default=2, help="the DataLoader workers of the other ranks")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     slow = rank in {int(r) for r in args.slow_ranks.split(",") if r}
     loader = DataLoader(SlowDisk(args.steps * args.batch_size, args.sample_ms), batch_size=args.batch_size,
-                        num_workers=0 if slow else 1)
+                        num_workers=0 if slow else args.workers)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(64, args.width), nn.ReLU(),
                                                   nn.Linear(args.width, args.width), nn.ReLU(),
                                                   nn.Linear(args.width, 4)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for inputs, targets in loader:
+    started, timed = 0.0, 0
+    for step, (inputs, targets) in enumerate(loader):
+        if step == 2:  # the steps after the workers' start-up are timed
+            started = time.perf_counter()
         loss = nn.functional.cross_entropy(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()  # the gradients' all-reduce: the fast ranks wait here for the slow one
         optimizer.step()
-    print(f"ddp_loader_straggler: rank {rank} ({'slow' if slow else 'fast'}) done")
+        timed = step - 1
+    per_step = (time.perf_counter() - started) / max(1, timed)
+    print(f"ddp_loader_straggler: rank {rank} ({'slow' if slow else 'fast'}) {per_step * 1e3:.1f} ms per step")
     dist.destroy_process_group()
 
 
