@@ -109,7 +109,8 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.0, m
 
 
 def straggler_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> Cause:
-    """Why `slow` is late: its data wait when that explains the others' wait, else its own top finding."""
+    """Why `slow` is late: its data wait, or its GPU's compute, when that explains at least half the others' wait;
+    else its own largest finding."""
     extra_wait = (slow.figures.data_wait_s or 0.0) - (_median_of(f.data_wait_s for f in others) or 0.0)
     loader = slow.run.loader.main
     if extra_wait >= DATA_CAUSE_SHARE * wait_s:
@@ -121,6 +122,13 @@ def straggler_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> 
                "pin_memory, persistent_workers) and the same per-sample work on every rank")
         return Cause(said, fix + (f"; {own.code} on rank {slow.rank} names the line." if own else "."),
                      loader.location if loader is not None else _location(own), own.code if own else None)
+    extra_compute = (slow.figures.gpu_compute_s or 0.0) - (_median_of(f.gpu_compute_s for f in others) or 0.0)
+    if extra_compute >= DATA_CAUSE_SHARE * wait_s:
+        said = (f"its GPU: it computes {_ms(slow.figures.gpu_compute_s)} ms a step, the others "
+                f"{_ms(_median_of(f.gpu_compute_s for f in others))} ms")
+        return Cause(said, f"find why rank {slow.rank}'s GPU is slower: a different or throttled GPU (nvidia-smi -q -d "
+                           "CLOCK,PERFORMANCE), more work on this rank (uneven batches or sequence lengths), or a "
+                           "neighbour on the same GPU.", None, None)
     own = next((f for f in slow.findings if f.severity != "info" and f.impact), None)
     if own is not None:
         return Cause(f"its own largest problem: {own.code}, {own.title}",

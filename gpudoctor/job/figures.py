@@ -24,6 +24,7 @@ class RankFigures:
     data_wait_s: float | None
     collective_s: float | None  # None: the trace shows no collective
     gpu_idle_s: float | None  # None: no GPU activity measured
+    gpu_compute_s: float | None  # kernels other than collectives, per step; None: no GPU activity measured
     steps_analysed: int
     ending: str | None
     exit_status: int | None
@@ -63,6 +64,8 @@ def rank_figures(rank: int, run: Run, median_step_s: float | None, bundle: str) 
         collective_before_last_backward_s=_median([e.all_before_last_backward for e in exposed]),
         backwards=round(statistics.median(s.backwards for s in steps)) if steps else 0,
         gpu_idle_s=_median([s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]),
+        gpu_compute_s=_median([max(0.0, s.gpu_compute_s - c) for s, c in zip(steps, collective or [0.0] * len(steps))
+                               if s.gpu_compute_s is not None]),  # the collectives' kernels left out
         steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
         exit_status=exit_info.status if exit_info else None, bundle=bundle,
     )

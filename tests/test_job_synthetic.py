@@ -1,0 +1,61 @@
+"""The job rules on rank bundles built in code, as two GPUs with NCCL would record them: each rank's all-reduce is
+an NCCL kernel that lasts until the last rank joins it, so the ranks that wait show long ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpudoctor.diagnose import RuleSelection, prepare_rules
+from gpudoctor.job.merge import diagnose_job
+from gpudoctor.testing import BundleBuilder
+
+STEP_S, STEPS = 0.020, 8
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _rank(run: Path, rank: int, *, data_wait_s: float, compute: tuple[float, float],
+          allreduce: tuple[float, float], workers: int) -> None:
+    """One rank's bundle: each step waits `data_wait_s` for its batch, computes over `compute` (start, end within
+    the step) and all-reduces over `allreduce`."""
+    b = BundleBuilder(run / f"rank-{rank}", pid=4000 + 100 * rank)
+    b.loader(num_workers=workers)
+    for step in b.steps(STEPS, wall_s=STEP_S, data_wait_s=data_wait_s):
+        b.kernels([(step, compute[0], compute[1] - compute[0], "sm90_xmma_gemm_f32f32_tf32f32_f32_nn"),
+                   (step, allreduce[0], allreduce[1] - allreduce[0], ALLREDUCE)])
+    b.write()
+
+
+def _merged(run: Path) -> list[dict]:
+    return diagnose_job([run], prepare_rules(RuleSelection()))["findings"]
+
+
+def test_the_rank_that_loads_slowly_is_the_straggler(tmp_path: Path) -> None:
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8)
+    _rank(tmp_path, 1, data_wait_s=0.012, compute=(0.012, 0.017), allreduce=(0.017, 0.019), workers=0)
+    findings = _merged(tmp_path)
+    straggler = findings[0]
+    assert straggler["code"] == "GD601" and straggler["title"].startswith("Rank 1 holds back the others")
+    evidence = {e["name"]: e["value"] for e in straggler["evidence"]}
+    assert evidence["the others' wait per step"] == 12.0 and evidence["cause"].startswith("its input pipeline")
+    assert straggler["impact"] == 0.6 and straggler["severity"] == "critical"
+    loader = next(f for f in findings if f["code"] == "GD101")
+    assert loader["ranks"] == [1] and loader["impact"] is None
+
+
+def test_a_slower_gpu_is_named_as_the_cause(tmp_path: Path) -> None:
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8)
+    _rank(tmp_path, 1, data_wait_s=0.0, compute=(0.0, 0.017), allreduce=(0.017, 0.019), workers=8)
+    straggler = _merged(tmp_path)[0]
+    evidence = {e["name"]: e["value"] for e in straggler["evidence"]}
+    assert straggler["code"] == "GD601" and evidence["slow rank"] == 1
+    assert evidence["cause"] == "its GPU: it computes 17.0 ms a step, the others 5.0 ms"
+
+
+def test_balanced_ranks_with_exposed_communication(tmp_path: Path) -> None:
+    for rank in (0, 1):  # both compute 10 ms, then all-reduce 8 ms with nothing beside it
+        _rank(tmp_path, rank, data_wait_s=0.0, compute=(0.0, 0.010), allreduce=(0.010, 0.018), workers=8)
+    findings = _merged(tmp_path)
+    assert [f["code"] for f in findings if f["category"] == "straggler"] == []
+    exposed = next(f for f in findings if f["code"] == "GD602")
+    assert exposed["title"].startswith("Communication is exposed for 8.0 ms of each 20.0 ms step")
+    assert exposed["impact"] == 0.2  # half the exposed time: what fp16 compression of the gradients saves
