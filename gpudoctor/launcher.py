@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,17 +135,27 @@ def make_run_dir(request: ProfileRequest) -> Path:
     elif rank is not None:  # every rank's parent is torchrun's agent: one directory for them all
         run_dir = Path("gpudoctor-runs") / f"{request.target_name}-torchrun-{os.getppid()}"
     else:
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}"
-        suffix = 1
-        while run_dir.exists():
-            suffix += 1
-            run_dir = Path("gpudoctor-runs") / f"{request.target_name}-{stamp}-{suffix}"
-    if rank is not None:
-        run_dir = run_dir / f"rank-{rank}"
+        run_dir = stamped_dir(Path("gpudoctor-runs"), request.target_name)
+    return prepare_run_dir(run_dir / f"rank-{rank}" if rank is not None else run_dir)
+
+
+def stamped_dir(parent: Path, name: str) -> Path:
+    """parent/name-YYYYmmdd-HHMMSS, with -2, -3, ... after it when that exists already."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir, suffix = parent / f"{name}-{stamp}", 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = parent / f"{name}-{stamp}-{suffix}"
+    return run_dir
+
+
+def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = ()) -> Path:
+    """`run_dir` made, writable, and emptied of an earlier run's files (and of those of the `earlier` bundles in
+    it); its absolute path. Raises OutputNotWritableError, naming --out, when it cannot be written."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _remove_previous_run(run_dir)
+        for directory in (run_dir, *earlier):
+            _remove_previous_run(directory)
         probe = run_dir / ".write-test"
         probe.write_text("")
         probe.unlink()

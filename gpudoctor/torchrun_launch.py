@@ -7,19 +7,25 @@ gpudoctor rewrites the command into the form where gpudoctor runs inside torchru
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from gpudoctor.bundle import Manifest, read_manifest
-from gpudoctor.errors import BundleError, GpudoctorError, OutputNotWritableError
-from gpudoctor.launcher import _remove_previous_run, _Supervisor, _terminal_sent_to_group, check_script, exit_status_of
+from gpudoctor.errors import BundleError, GpudoctorError
+from gpudoctor.job.layout import rank_dirs
+from gpudoctor.launcher import (
+    _Supervisor,
+    _terminal_sent_to_group,
+    check_script,
+    exit_status_of,
+    prepare_run_dir,
+    stamped_dir,
+)
 
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_FORMATS = "json,html"  # the ranks print no summary of their own: the merged one is printed once, at the end
@@ -112,34 +118,8 @@ def rank_command(job: TorchrunJob, run_dir: Path, rank_options: list[str]) -> li
 def make_job_dir(out: Path | None, name: str) -> Path:
     """The job's run directory, as launcher.make_run_dir makes one: the default is stamped, and an --out used before
     loses an earlier run's files (its report, its rank bundles), which would mix with this job's."""
-    run_dir = out if out is not None else _stamped(Path("gpudoctor-runs"), f"{name}-torchrun")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for earlier in (run_dir, *(rank_dir for rank_dir, _ in _rank_dirs(run_dir))):
-            _remove_previous_run(earlier)
-        probe = run_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise OutputNotWritableError(
-            f"cannot write to {run_dir} ({exc.strerror}); choose another directory with --out.") from None
-    return run_dir.resolve()
-
-
-def _stamped(parent: Path, name: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir, suffix = parent / f"{name}-{stamp}", 1
-    while run_dir.exists():
-        suffix += 1
-        run_dir = parent / f"{name}-{stamp}-{suffix}"
-    return run_dir
-
-
-def _rank_dirs(run_dir: Path) -> Iterator[tuple[Path, int]]:
-    """Each rank-K bundle directory in run_dir, with K, in rank order."""
-    found = [(path, int(path.name[5:])) for path in run_dir.glob("rank-*")
-             if path.is_dir() and path.name[5:].isdigit()]
-    yield from sorted(found, key=lambda pair: pair[1])
+    run_dir = out if out is not None else stamped_dir(Path("gpudoctor-runs"), f"{name}-torchrun")
+    return prepare_run_dir(run_dir, rank_dirs(run_dir, with_manifest=False).values())
 
 
 class _AgentSupervisor(_Supervisor):
@@ -168,7 +148,7 @@ def failure_sentence(run_dir: Path, returncode: int) -> str:
     status = exit_status_of(returncode)
     head = (f"torchrun was killed by {signal.Signals(-returncode).name} (exit status {status})" if returncode < 0
             else f"torchrun exited with status {status}")
-    ranks = [(rank, _rank_manifest(rank_dir)) for rank_dir, rank in _rank_dirs(run_dir)]
+    ranks = [(rank, _rank_manifest(rank_dir)) for rank, rank_dir in rank_dirs(run_dir, with_manifest=False).items()]
     failed = [_rank_failure(rank, manifest) for rank, manifest in ranks]
     said = sorted((s for s in failed if s), key=lambda s: " was stopped " in s)
     return f"{head}; {', '.join(said)}." if said else f"{head}."

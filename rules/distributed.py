@@ -57,7 +57,7 @@ def straggling(job: Job, min_steps: int = 3) -> Straggling:
 
 
 @rule("GD601", "straggler", category="straggler", scope="job")
-def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.0, min_consistency: float = 0.75,
+def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, min_consistency: float = 0.85,
               critical_wait_share: float = 0.5) -> Iterator[Finding]:
     """One rank holds back the others: they wait for it in every collective.
 

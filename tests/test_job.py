@@ -137,12 +137,15 @@ def test_allreduces_of_accumulated_gradients_are_found(gd: Gpudoctor) -> None:
     assert "model.no_sync()" in finding["fix"] and 0.1 < finding["impact"] < 0.9
 
 
-def test_accumulation_under_no_sync_is_quiet(gd: Gpudoctor) -> None:
+def test_accumulation_under_no_sync_is_not_called_wasted(gd: Gpudoctor) -> None:
     _job(gd, "run", script("ddp_accumulate.py"), "--batch-size", "4", "--no-sync")
     result = gd.run("analyze", "run")
     assert result.returncode == 0, result
     merged = checked_findings(gd.cwd / "run" / "findings.json")
-    assert [f["code"] for f in merged["findings"] if f["category"] == "communication"] == []
+    # The one all-reduce left per step may still be exposed (12 MB of gradients, little compute beside it on two
+    # busy cores): GD602 may say so, but never that the micro-batches' all-reduces are wasted.
+    communication = [f for f in merged["findings"] if f["category"] == "communication"]
+    assert not [f for f in communication if "backward() calls" in f["title"]], communication
     ranks = merged["run"]["ranks"]
     assert all(r["exposed_collective_s"] is not None and r["exposed_collective_s"] > 0 for r in ranks)
 
