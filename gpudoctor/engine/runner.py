@@ -73,7 +73,7 @@ def rank(records: list[FindingRecord]) -> list[FindingRecord]:
     return sorted(records, key=_rank_key)
 
 
-def _error(r: Rule, exc: BaseException, stack: str) -> RuleErrorRecord:
+def error_record(r: Rule, exc: BaseException, stack: str) -> RuleErrorRecord:
     trace = stack or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
     return RuleErrorRecord(code=r.code, name=r.name, source=r.source, error=f"{type(exc).__name__}: {exc}",
                            traceback=trace)
@@ -93,10 +93,10 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
         if outcome.not_evaluated is not None:
             not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=outcome.not_evaluated))
         elif outcome.error is not None:
-            errors.append(_error(r, outcome.error, outcome.stack))
+            errors.append(error_record(r, outcome.error, outcome.stack))
         else:
             findings.extend(outcome.records)
-    findings = _negligible_as_info(_with_savings(findings, reference_step(run).seconds))
+    findings = sized(findings, reference_step(run).seconds)
     claims = {r.code: r.claims for r in declared if r.claims}
     return EngineResult(rank(one_claim_per_share(_merge(findings), claims)), not_evaluated, errors)
 
@@ -125,6 +125,11 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
         out.append(msgspec.structs.replace(record, impact=None, saving_s=None,
                                            impact_reason=f"counted in {holder.code}'s finding: the same time"))
     return out
+
+
+def sized(records: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:
+    """Each finding with its saving in seconds of a `step_s` step, and at most `info` when that is negligible."""
+    return _negligible_as_info(_with_savings(records, step_s))
 
 
 def _negligible_as_info(records: list[FindingRecord]) -> list[FindingRecord]:

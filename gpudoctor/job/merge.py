@@ -20,7 +20,7 @@ from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErr
 from gpudoctor.diagnose import PreparedRules, write_outputs
 from gpudoctor.engine import EngineResult, diagnose_windows
 from gpudoctor.engine.isolation import evaluate_rule
-from gpudoctor.engine.runner import NEGLIGIBLE_IMPACT, rank
+from gpudoctor.engine.runner import error_record, rank, sized
 from gpudoctor.errors import BundleError
 from gpudoctor.job.figures import rank_figures, with_waits
 from gpudoctor.job.layout import job_bundles
@@ -93,21 +93,10 @@ def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:
         if outcome.not_evaluated is not None:
             not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=outcome.not_evaluated))
         elif outcome.error is not None:
-            errors.append(RuleErrorRecord(code=r.code, name=r.name, source=r.source,
-                                          error=f"{type(outcome.error).__name__}: {outcome.error}",
-                                          traceback=outcome.stack))
+            errors.append(error_record(r, outcome.error, outcome.stack))
         else:
-            findings.extend(_sized(record, step_s) for record in outcome.records)
-    return EngineResult(findings, not_evaluated, errors)
-
-
-def _sized(record: FindingRecord, step_s: float | None) -> FindingRecord:
-    """A job finding's saving in seconds per step of the job, and `info` when negligible (as a run's)."""
-    if record.impact is None:
-        return record
-    severity = "info" if record.impact < NEGLIGIBLE_IMPACT else record.severity
-    saving = round(record.impact * step_s, 6) if step_s else None
-    return msgspec.structs.replace(record, saving_s=saving, severity=severity)
+            findings.extend(outcome.records)
+    return EngineResult(sized(findings, step_s), not_evaluated, errors)
 
 
 def merged_findings(job: Job, result: EngineResult, rank_results: Sequence[EngineResult]) -> EngineResult:
