@@ -80,7 +80,7 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
     once, not again on that rank.
     """
     found = straggling(job)
-    step_s = max((r.figures.median_step_s for r in job.ranks if r.figures.median_step_s), default=None)
+    step_s = job.step_s
     wait_s, slow, others = found.wait_s, found.slow, found.others
     if (not step_s or found.consistency < min_consistency or wait_s * 1e3 < min_wait_ms
             or wait_s < min_wait_share * step_s):
@@ -185,7 +185,7 @@ def communication_exposed(job: Job, min_accumulation_share: float = 0.15, min_ex
     if len(measured) < 2:
         raise NotEvaluated("fewer than two ranks show collectives in their traces")
     least = min(measured, key=lambda f: f.exposed_s or 0.0)
-    step_s = max((f.median_step_s for f in measured if f.median_step_s), default=None)
+    step_s = job.step_s
     if not step_s:
         return
     exposed, early = least.exposed_s or 0.0, least.exposed_before_last_backward_s or 0.0

@@ -77,17 +77,12 @@ def _with_waits(job: Job) -> Job:
     return Job([replace(r, figures=f) for r, f in zip(job.ranks, figures)])
 
 
-def job_step_s(job: Job) -> float | None:
-    """The job's step: the slowest rank's median (under DDP the ranks' medians differ only by noise)."""
-    return max((r.figures.median_step_s for r in job.ranks if r.figures.median_step_s), default=None)
-
-
 def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:
     """The job's rules (scope "job"), each in isolation as a run's rules are."""
     findings: list[FindingRecord] = []
     not_evaluated: list[NotEvaluatedRecord] = []
     errors: list[RuleErrorRecord] = []
-    step_s = job_step_s(job)
+    step_s = job.step_s
     for r in (r for r in prepared.rules if r.scope == "job"):
         outcome = evaluate_rule(r, job, prepared.options.get(r.code, {}), prepared.limits)
         if outcome.not_evaluated is not None:

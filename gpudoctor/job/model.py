@@ -29,5 +29,10 @@ class Job:
     def world_size(self) -> int:
         return len(self.ranks)
 
+    @property
+    def step_s(self) -> float | None:
+        """The job's step: the slowest rank's median (under DDP the ranks' medians differ only by noise)."""
+        return max((r.figures.median_step_s for r in self.ranks if r.figures.median_step_s), default=None)
+
     def rank(self, number: int) -> RankRun:
         return next(r for r in self.ranks if r.rank == number)

@@ -21,10 +21,8 @@ FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
 def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: EngineResult, docs: Mapping[str, str],
                      out_dir: Path, unreadable: list[NotMeasuredRow]) -> Report:
     base = rank_reports[job.ranks[0].rank]
-    problems = [f for f in merged.findings if f.severity != "info"]
     not_measured = [*unreadable, *base["not_measured"]]
-    step_s = max((r.figures.median_step_s for r in job.ranks if r.figures.median_step_s), default=None)
-    run: RunFacts = {**base["run"], "median_step_s": step_s, "world_size": job.world_size,
+    run: RunFacts = {**base["run"], "median_step_s": job.step_s, "world_size": job.world_size,
                      "ranks": [r.figures.to_json() for r in job.ranks]}
     report: Report = {
         **base,
@@ -38,7 +36,6 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
         "not_evaluated": [row.to_json() for row in merged.not_evaluated],
         "errors": [row.to_json() for row in merged.errors],
     }
-    report["summary"]["problems"] = len(problems)
     return report
 
 
