@@ -9,7 +9,6 @@ slowest rank.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -87,7 +86,3 @@ def collective_s_per_step(trace: TraceData | None, steps: Sequence[Step]) -> lis
         return None
     return [spans.covered(step.start, step.end) for step in steps]
 
-
-def median_collective_s(trace: TraceData | None, steps: Sequence[Step]) -> float | None:
-    per_step = collective_s_per_step(trace, steps)
-    return statistics.median(per_step) if per_step else None
