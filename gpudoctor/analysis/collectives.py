@@ -85,4 +85,3 @@ def collective_s_per_step(trace: TraceData | None, steps: Sequence[Step]) -> lis
     if spans is None:
         return None
     return [spans.covered(step.start, step.end) for step in steps]
-
