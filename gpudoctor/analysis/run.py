@@ -247,10 +247,15 @@ class Run:
         """The analysed steps' time budget (analysis.budget); None without GPU activity in the trace."""
         from gpudoctor.analysis.timebase import reference_step  # timebase reads a Run: imported here, not above
 
+        return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, reference_step(self).seconds)
+
+    @cached_property
+    def steady_wait_share(self) -> float | None:
+        """The share of every step after start-up spent waiting for data (timed at each step, cheaply): what the
+        input-pipeline rules size their savings on, and what the budget and the breakdown show as the wait."""
         steady = self.steady_steps
         wall = sum(s.wall_s for s in steady)
-        wait = sum(s.data_wait_s for s in steady) / wall if wall > 0 else None
-        return step_budget(self.steps, self.gpu, self.trace, wait, reference_step(self).seconds)
+        return sum(s.data_wait_s for s in steady) / wall if wall > 0 else None
 
     @cached_property
     def sync_stall_s(self) -> float | None:

@@ -83,12 +83,27 @@ def median_step_s(steps: Sequence[Step]) -> float | None:
     return statistics.median([s.wall_s for s in steps]) if steps else None
 
 
-def breakdown(steps: Sequence[Step]) -> Breakdown:
-    """Mean seconds per step in each phase, with each phase's share of the mean step."""
+def breakdown(steps: Sequence[Step], wait_share: float | None = None) -> Breakdown:
+    """Mean seconds per step in each phase, with each phase's share of the mean step. With `wait_share` (the data
+    wait of every step after start-up, when `steps` are a few), the data wait is that share of the mean step and
+    the other phases are scaled to fill the rest."""
     if not steps:
         return Breakdown(mean_step_s=None, phases=())
     mean_step = statistics.fmean(s.wall_s for s in steps)
-    return Breakdown(mean_step_s=mean_step, phases=_phase_means(steps, mean_step))
+    phases = _phase_means(steps, mean_step)
+    if wait_share is not None:
+        phases = _with_wait(phases, wait_share, mean_step)
+    return Breakdown(mean_step_s=mean_step, phases=phases)
+
+
+def _with_wait(phases: tuple[PhaseTime, ...], wait_share: float, mean_step: float) -> tuple[PhaseTime, ...]:
+    """The phases with the data wait's share set to `wait_share`, the others scaled to fill the rest."""
+    old = next((p.share for p in phases if p.phase == "data_wait"), 0.0)
+    if old >= 1.0:  # the steps only waited: nothing to scale
+        return phases
+    scale = (1.0 - wait_share) / (1.0 - old)
+    shares = [(p.phase, wait_share if p.phase == "data_wait" else p.share * scale) for p in phases]
+    return tuple(PhaseTime(phase, share * mean_step, share) for phase, share in shares)
 
 
 def step_bars(steps: Sequence[Step], max_rows: int = MAX_STEP_ROWS) -> StepBars | None:

@@ -75,9 +75,10 @@ def _step_row(step: Step) -> StepRow:
     }
 
 
-def _breakdown(steps: list[Step]) -> BreakdownJson:
-    """The mean step and its phases (see analysis.summary.breakdown), over the steps whose phases were timed."""
-    result = breakdown(steps)
+def _breakdown(steps: list[Step], wait_share: float | None) -> BreakdownJson:
+    """The mean step and its phases (see analysis.summary.breakdown), over the steps whose phases were timed,
+    with the data wait of every step after start-up."""
+    result = breakdown(steps, wait_share)
     return {"phases": [_phase_row(p) for p in result.phases], "mean_step_s": result.mean_step_s}
 
 
@@ -312,7 +313,8 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
             "healthy": not problems, "problems": len(problems), "status": status,
         },
         "not_measured": not_measured,
-        "breakdown": _breakdown(run.hooked_steps or steps),  # phases are timed in the window's detail steps
+        # The phases are timed in the window's detail steps; the data wait is every step's.
+        "breakdown": _breakdown(run.hooked_steps or steps, run.steady_wait_share),
         "steps": [_step_row(s) for s in steps],
         "charts": {
             "steps": step_chart(steps), "timeline": timeline_chart(run), "kernels": kernel_chart(run, launch_bound),
