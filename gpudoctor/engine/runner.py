@@ -83,22 +83,28 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
               limits: RuleLimits | None = None) -> EngineResult:
     """Run each rule alone (engine.isolation): one that fails becomes an error row; one missing its data,
     not_evaluated; the others still run."""
-    options, limits = options or {}, limits or RuleLimits()
+    declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
+    found = evaluate_rules(run, declared, options or {}, limits or RuleLimits())
+    findings = sized(found.findings, reference_step(run).seconds)
+    claims = {r.code: r.claims for r in declared if r.claims}
+    return EngineResult(rank(one_claim_per_share(_merge(findings), claims)), found.not_evaluated, found.errors)
+
+
+def evaluate_rules(subject: Run | Any, rules: Iterable[Rule], options: RuleOptions, limits: RuleLimits) -> EngineResult:
+    """Each rule alone on `subject` (a Run, or a job for a job's rules): its findings as it yielded them, the
+    rules not evaluated, and the rules that failed."""
     findings: list[FindingRecord] = []
     not_evaluated: list[NotEvaluatedRecord] = []
     errors: list[RuleErrorRecord] = []
-    declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
-    for r in declared:
-        outcome = evaluate_rule(r, run, options.get(r.code, {}), limits)
+    for r in rules:
+        outcome = evaluate_rule(r, subject, options.get(r.code, {}), limits)
         if outcome.not_evaluated is not None:
             not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=outcome.not_evaluated))
         elif outcome.error is not None:
             errors.append(error_record(r, outcome.error, outcome.stack))
         else:
             findings.extend(outcome.records)
-    findings = sized(findings, reference_step(run).seconds)
-    claims = {r.code: r.claims for r in declared if r.claims}
-    return EngineResult(rank(one_claim_per_share(_merge(findings), claims)), not_evaluated, errors)
+    return EngineResult(findings, not_evaluated, errors)
 
 
 def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str]) -> list[FindingRecord]:

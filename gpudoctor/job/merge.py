@@ -16,11 +16,10 @@ from pathlib import Path
 import msgspec
 
 from gpudoctor.analysis import Run
-from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
+from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.diagnose import PreparedRules, write_outputs
 from gpudoctor.engine import EngineResult, diagnose_windows
-from gpudoctor.engine.isolation import evaluate_rule
-from gpudoctor.engine.runner import error_record, rank, sized
+from gpudoctor.engine.runner import evaluate_rules, rank, sized
 from gpudoctor.errors import BundleError
 from gpudoctor.job.figures import rank_figures, with_waits
 from gpudoctor.job.layout import job_bundles
@@ -78,20 +77,9 @@ def _with_waits(job: Job) -> Job:
 
 
 def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:
-    """The job's rules (scope "job"), each in isolation as a run's rules are."""
-    findings: list[FindingRecord] = []
-    not_evaluated: list[NotEvaluatedRecord] = []
-    errors: list[RuleErrorRecord] = []
-    step_s = job.step_s
-    for r in (r for r in prepared.rules if r.scope == "job"):
-        outcome = evaluate_rule(r, job, prepared.options.get(r.code, {}), prepared.limits)
-        if outcome.not_evaluated is not None:
-            not_evaluated.append(NotEvaluatedRecord(code=r.code, name=r.name, reason=outcome.not_evaluated))
-        elif outcome.error is not None:
-            errors.append(error_record(r, outcome.error, outcome.stack))
-        else:
-            findings.extend(outcome.records)
-    return EngineResult(sized(findings, step_s), not_evaluated, errors)
+    """The job's rules (scope "job"), each in isolation as a run's rules are, their savings of the job's step."""
+    found = evaluate_rules(job, [r for r in prepared.rules if r.scope == "job"], prepared.options, prepared.limits)
+    return EngineResult(sized(found.findings, job.step_s), found.not_evaluated, found.errors)
 
 
 def merged_findings(job: Job, result: EngineResult, rank_results: Sequence[EngineResult]) -> EngineResult:
