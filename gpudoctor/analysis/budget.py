@@ -113,9 +113,9 @@ class _Splitter:
         return parts
 
     def _cause(self, lo: float, hi: float) -> str:
-        if self.blocking.overlaps(lo, hi):
+        if self.blocking.clipped(lo, hi):  # a call overlapping the gap
             return "sync"
-        if self.copies.overlaps(lo, hi):
+        if self.copies.clipped(lo, hi):
             return "copy"
         if not self.detail:
             return "host"
@@ -123,21 +123,10 @@ class _Splitter:
         return "host" if launched else "unexplained"
 
 
-class _SpanSet:
-    """Host calls as intervals: does any of them overlap [lo, hi]?"""
-
-    def __init__(self, union: intervals.Disjoint) -> None:
-        self.union = union
-
-    def overlaps(self, lo: float, hi: float) -> bool:
-        return bool(self.union.clipped(lo, hi))
-
-
-def _spans(calls: Iterable[HostSpan]) -> _SpanSet:
+def _spans(calls: Iterable[HostSpan]) -> intervals.Disjoint:
+    """The union of host calls, as intervals."""
     pairs = sorted((c.start, c.end) for c in calls)
-    starts = [p[0] for p in pairs]
-    ends = [p[1] for p in pairs]
-    return _SpanSet(intervals.union_of(starts, ends))
+    return intervals.union_of([p[0] for p in pairs], [p[1] for p in pairs])
 
 
 def _add(parts: dict[str, float], name: str, seconds: float) -> None:
