@@ -1,8 +1,8 @@
 """The profiling window's distortion on every recorded fixture: its median profiled step over the median step after it.
 
-    PYTHONPATH=$PWD python3 bench/window_distortion.py
+    PYTHONPATH=$PWD python3 bench/window_distortion.py [--bundles DIR]
 
-Reads the bundles in fixtures/bundles (as findings.json's `run.window_distortion` does) and prints a Markdown
+Reads the bundles in fixtures/bundles, or in DIR (as findings.json's `run.window_distortion` does) and prints a Markdown
 table: each fixture's step source, the median step inside the window and outside it, their ratio, and how the
 window was recorded (GPU activity only with detail steps after it, or the earlier CPU + CUDA window with
 record_shapes and the hooks on in the profiled steps).
@@ -10,6 +10,7 @@ record_shapes and the hooks on in the profiled steps).
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
@@ -20,10 +21,13 @@ BUNDLES = Path(__file__).resolve().parent.parent / "fixtures" / "bundles"
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bundles", type=Path, default=BUNDLES, help="a directory of run bundles")
+    args = parser.parse_args()
     print("| fixture | step source | profiled step | step outside | distortion | window |")
     print("| --- | --- | --- | --- | --- | --- |")
     ratios: dict[str, list[float]] = {}
-    for bundle in sorted(p for p in BUNDLES.iterdir() if (p / "manifest.json").is_file()):
+    for bundle in sorted(p for p in args.bundles.iterdir() if (p / "manifest.json").is_file()):
         run = Run.from_bundle(bundle)
         distortion = window_distortion(run)
         settings = run.manifest.window

@@ -137,13 +137,32 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def _detach_cupti_after_each_window() -> None:
+    """Have Kineto detach CUPTI (cuptiFinalize) once a window's trace is collected, unless the user chose otherwise.
+
+    Without TEARDOWN_CUPTI=1 Kineto leaves CUPTI attached when the profiler stops, and an attached CUPTI slows
+    every later kernel launch: on an H100, a step of 2,000 launches ran 1.36x slower for the rest of the process
+    after a 7-step window, and 0.82x with the teardown (bench/window_transient.py, docs/performance.md). Kineto
+    reads the variable when it stops. Teardown is only safe with CUDA graphs from CUDA 12.6 on, so older builds
+    keep CUPTI attached.
+    """
+    import torch
+
+    if "TEARDOWN_CUPTI" in os.environ:
+        return
+    version = tuple(int(part) for part in re.findall(r"\d+", torch.version.cuda or "")[:2])
+    if version >= (12, 6):
+        os.environ["TEARDOWN_CUPTI"] = "1"
+
+
 class ProfilerWindow:
     """Opens torch.profiler after `wait` steps for `warmup` + `active` steps, exports, then attributes `detail` steps.
 
     The profiler records GPU activity only (kernels, copies, CUDA runtime calls) and is started and stopped
-    once, with no per-step call: measured on an H100 (bench/profiler_cost.py), a launch-heavy step ran 1.08-1.10x
-    its plain time so, against 1.4-1.6x with CPU operators and 1.23x with a profiler.step() at every step. The
-    steps' own clock places them on the trace. A script that does not use CUDA gets CPU operators instead, and
+    once, with no per-step call: measured on an H100 (bench/profiler_cost.py), CPU operators cost a launch-heavy
+    step another 30-50% and a profiler.step() at every step up to 13%. CUPTI itself still costs such a step 1.3x to
+    2x while attached, so Kineto is asked to detach it when the window stops. The steps' own clock places them on
+    the trace. A script that does not use CUDA gets CPU operators instead, and
     so does --with-stack, which asks for them. After the profiled steps, `detail` steps run with gpudoctor's
     per-call hooks (`attributing`), and no profiler.
 
@@ -243,6 +262,8 @@ class ProfilerWindow:
         from torch.profiler import ProfilerActivity, profile
 
         self.cpu_ops = self._with_stack or not self.cuda
+        if self.cuda:
+            _detach_cupti_after_each_window()
         activities = ([ProfilerActivity.CPU] if self.cpu_ops else []) + ([ProfilerActivity.CUDA] if self.cuda else [])
         profiler = profile(activities=activities, record_shapes=self._with_stack, with_stack=self._with_stack)
         profiler.start()
