@@ -5,7 +5,7 @@
 Predicted: the summed impact of the pair's rules on the bad fixture (at most 1), the share of step time
 gpudoctor expects the fix to save. Measured: 1 - t_fixed / t_bad, each time the mean of the script's own
 timings of its steady-state steps over its plain runs (without gpudoctor) on the recording machine
-(fixtures/measurements.json, one or two runs each, all shown). The pairs, and which compare time per sample,
+(fixtures/measurements.json, one to three runs each, all shown). The pairs, and which compare time per sample,
 are in gpudoctor/testing/pairs.py. Target: within ±30% of the measured gain, relative, or ±0.05
 absolute. Prints a Markdown table; docs/rules.md holds its output.
 """
