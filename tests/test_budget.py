@@ -89,11 +89,13 @@ def test_recorded_pathologies_land_in_their_slices() -> None:
 
 def test_the_host_lines_name_the_busy_line(gd) -> None:
     busy = Path(script("busy_host.py"))
-    window = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2", "--detail-steps", "10")
+    window = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2", "--detail-steps", "20")
     result = gd.profile(str(busy), options=window)
     assert result.returncode == 0, result
     lines = result.findings()["run"]["host_lines"]
     busy_line = next(n for n, text in enumerate(busy.read_text().splitlines(), 1) if "# BUSY" in text)
-    assert lines[0]["line"] == busy_line and lines[0]["share"] >= 0.6, lines
+    # The probe samples at GIL hand-overs, which the loop's own line does not favour: 0.59 to 0.93 of 13 to 17
+    # samples in 10 detail steps on the 2-core CI machine, for a line that runs ~95% of each step.
+    assert lines[0]["line"] == busy_line and lines[0]["share"] >= 0.5, lines
     assert all(Path(line["file"]).resolve() == busy.resolve() for line in lines)
     assert sum(line["share"] for line in lines) <= 1.0

@@ -4,8 +4,8 @@ The GPU is busy computing, in a collective, or copying with no kernel beside the
 critical path); or it idles, and each idle gap is given to one cause, in order:
 
 1. `data_wait`: the host was waiting for the next batch (the recorder times it at the top of the step);
-2. `sync`: a synchronizing call (or a blocking cudaMemcpy) overlaps the gap: the host was blocked, the GPU
-   drained its queue and waited for the host to launch again (as in analysis.stalls);
+2. `sync`: a synchronizing call overlaps the gap: the host was blocked, the GPU drained its queue and waited
+   for the host to launch again (what GD211 sizes its findings on: `idle_in_syncs`);
 3. `copy`: a blocking host-to-device copy from pageable memory overlaps it (cudaMemcpy on the host);
 4. `host`: the host was launching work (CUDA runtime calls inside the gap): Python and launch overhead;
 5. `unexplained`: nothing the trace shows: the host ran Python that launched nothing, or waited on something
@@ -77,6 +77,13 @@ def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | N
         shares = _with_wait_share(shares, steady_wait_share)
     step = step_s or mean_step
     return Budget(step, len(placed), tuple(Slice(name, shares[name] * step, shares[name]) for name in SLICES))
+
+
+def idle_in_syncs(steps: Sequence[Step], gpu: GpuView, trace: TraceData) -> float:
+    """The budget's `sync` slice summed over `steps`: GPU idle, past the step's data wait, that a synchronizing
+    call overlaps."""
+    splitter = _Splitter(gpu, trace)
+    return sum(splitter.split(step).get("sync", 0.0) for step in steps if step.gpu_busy_s is not None)
 
 
 def _with_wait_share(shares: dict[str, float], wait: float) -> dict[str, float]:

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpudoctor import bundle as bundle_io
-from gpudoctor.analysis.budget import Budget, step_budget
+from gpudoctor.analysis.budget import Budget, idle_in_syncs, step_budget
 from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.sites import copy_sites, sync_sites
-from gpudoctor.analysis.stalls import sync_stall_s
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
 from gpudoctor.analysis.threads import python_threads_sharing
 from gpudoctor.analysis.trace import TraceData, parse_trace
@@ -261,10 +260,10 @@ class Run:
     def sync_stall_s(self) -> float | None:
         """GPU idle time, over the analysed steps, that overlaps a synchronizing CUDA call on the host: while the
         host is blocked in a sync the GPU drains its queue, then idles until the host launches again: those gaps
-        are what the syncs cost. None when the trace has no GPU activity."""
+        are what the syncs cost. The budget's `sync` slice, summed. None when the trace has no GPU activity."""
         if self.gpu is None or self.trace is None or not self.steps:
             return None
-        return sync_stall_s(self.gpu, self.trace, self.steps)
+        return idle_in_syncs(self.steps, self.gpu, self.trace)
 
     def _why_no_gpu(self) -> str:
         if self.trace is None:
