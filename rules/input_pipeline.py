@@ -60,9 +60,11 @@ def _compute_s(run: Run, wall: float, wait: float) -> float:
 
 
 def _workers(run: Run) -> list[ProcessInfo]:
-    """The loader's worker processes: children of the script's main process."""
-    main = next((p for p in run.processes if p.role == "main"), None)
-    return [p for p in run.processes if main is not None and p.ppid == main.pid]
+    """The loader's worker processes (children of the script's main process) over the steps the data wait is
+    measured on."""
+    processes = run.steady_processes
+    main = next((p for p in processes if p.role == "main"), None)
+    return [p for p in processes if main is not None and p.ppid == main.pid]
 
 
 def _suggested_workers(load_s: float, compute_s: float, cores: int | None) -> int:

@@ -48,6 +48,30 @@ def test_too_few_workers_needs_busy_workers_and_spare_cores(tmp_path) -> None:
     assert_silent("GD102", idle.build())
 
 
+def test_too_few_workers_are_judged_over_the_steps_that_starve(tmp_path) -> None:
+    """A short window fed from prefetched batches catches the workers idle; the steps after it starve while the
+    workers are busy. Their CPU is taken over the steps the data wait is measured on, not the window alone."""
+    b = BundleBuilder(tmp_path, window=(2, 0, 4))
+    b.env(cores=16)
+    b.loader(num_workers=2, batch_size=32, site=("train.py", 41, "main"))
+    b.steps(6, wall_s=0.1, gpu_busy_s=0.03)  # start-up and the window: batches ready
+    b.steps(20, wall_s=0.1, data_wait_s=0.07, gpu_busy_s=0.03)  # after it: every step waits
+    b.host_samples()
+    steps = b.build().all_steps
+    first, window_end, run_end = b.start - 1.0, steps[5].end, steps[-1].end
+
+    def worker_cpu(t: float) -> float:  # 0.05 core until the window ends, a whole core after it
+        return 0.05 * (min(t, window_end) - first) + max(0.0, t - window_end)
+
+    times = [first + 0.1 * i for i in range(int((run_end + 0.5 - first) * 10) + 1)]
+    rows = [{"t": t, "procs": [{"pid": b.pid, "ppid": b.pid - 1, "name": "python", "cpu_s": t - first},
+                               *({"pid": b.pid + k, "ppid": b.pid, "name": "pt_data_worker", "cpu_s": worker_cpu(t)}
+                                 for k in (1, 2))]}
+            for t in times]
+    b.sample_rows("procs", rows)
+    assert_fires("GD102", b.build(), count=1)
+
+
 def test_cpu_bound_loader_is_told_apart_from_other_programs(tmp_path) -> None:
     own = starved(tmp_path / "own", workers=8, wait=0.07, cores=8)
     own.workers(8, cores=0.85)  # with the main process: 7.8 of 8 cores

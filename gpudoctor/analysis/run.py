@@ -364,6 +364,16 @@ class Run:
         """The script's process tree over the analysed steps (over the whole run if no step was seen)."""
         return process_infos(within(self._proc_samples, self.span, margin=0.5))
 
+    @cached_property
+    def steady_processes(self) -> list[ProcessInfo]:
+        """The script's process tree over the steady steps (every step after start-up): the input-pipeline rules
+        compare it with the data wait they measure over those steps. A short window may catch the loader's
+        workers idle, ahead of the step, while they cannot keep up later on."""
+        steps = self.steady_steps
+        if not steps:
+            return self.processes
+        return process_infos(within(self._proc_samples, (steps[0].start, steps[-1].end), margin=0.5)) or self.processes
+
     def require_processes(self) -> list[ProcessInfo]:
         if not self.processes:
             raise NotEvaluated("no process samples in this run" if not self.trace_only else
