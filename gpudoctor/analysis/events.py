@@ -32,6 +32,7 @@ class StepLog:
         self._times = array("d")  # a plain step's t0, t1, wall_s, data_wait_s (zeros for another step)
         self._written = array("d")  # a plain step's `t`; NaN where it had none
         self._batches = array("q")
+        self._backwards = array("q")  # a plain step's backward() calls (one, in most training steps)
         self._labels = array("H")  # a plain step's (source, window), as an index into _label_values
         self._label_values: list[tuple[str, str]] = []
         self._label_codes: dict[tuple[str, str], int] = {}
@@ -44,12 +45,14 @@ class StepLog:
             self._times.extend((event.t0, event.t1, event.wall_s, event.data_wait_s))
             self._written.append(float("nan") if event.t is None else event.t)
             self._batches.append(event.batches)
+            self._backwards.append(event.backwards)
             self._labels.append(self._label_code((event.source, event.window)))
         else:
             self._kept_whole[position] = event
             self._times.extend((0.0,) * _TIMES)
             self._written.append(0.0)
             self._batches.append(0)
+            self._backwards.append(0)
             self._labels.append(0)
 
     def __len__(self) -> int:
@@ -82,7 +85,8 @@ class StepLog:
         source, window = self._label_values[self._labels[position]]
         written = self._written[position]
         return StepEvent(step=self.numbers[position], t0=t0, t1=t1, wall_s=wall_s, data_wait_s=data_wait_s,
-                         batches=self._batches[position], source=source, window=window,
+                         batches=self._batches[position], backwards=self._backwards[position], source=source,
+                         window=window,
                          t=None if written != written else written)  # NaN: no `t` was written
 
     def _label_code(self, label: tuple[str, str]) -> int:

@@ -242,8 +242,8 @@ class StepEvent(Record, Event, tag="step", frozen=True):
 
     @property
     def plain(self) -> bool:
-        """A step outside the profiling windows: only its times, wait, batches and labels (a step of several
-        backward() calls keeps them, and when the last began)."""
+        """A step outside the profiling windows: only its times, wait, batches, backward() calls and labels (a
+        step that says when its last backward() began is kept whole)."""
         return (self.phases is None and self.copies is None and self.syncs is None and self.gil is None
                 and self.cuda_memory is None and self.window_index == 0 and self.last_backward_t is None)
 
