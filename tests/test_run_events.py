@@ -25,7 +25,7 @@ def test_every_step_reads_back_equal_in_order() -> None:
     untimed = plain(3, 4.0, t=None)  # written without its own `t`: read back without one
     repeated_window = plain(4, 5.0, "active", window_index=1)
     events = [plain(0, 1.0, "waiting"), plain(1, 2.0, "warmup"), profiled, untimed, repeated_window,
-              plain(5, 6.0), plain(6, 7.0, source="dataloader")]
+              plain(5, 6.0), plain(6, 7.0, source="dataloader"), plain(7, 8.0, backwards=1)]
     log = StepLog()
     for event in events:
         log.append(event)
@@ -33,9 +33,10 @@ def test_every_step_reads_back_equal_in_order() -> None:
     assert read == events
     assert read[3].t is None and read[0].t == events[0].t
     assert list(log.between(2, 4)) == events[2:4] and list(log.between(5, 99)) == events[5:]
-    assert list(log.numbers) == [0, 1, 2, 3, 4, 5, 6]
+    assert read[7].backwards == 1  # one backward() a step: held in the columns, not kept whole
+    assert list(log.numbers) == [0, 1, 2, 3, 4, 5, 6, 7]
     assert [mark[:2] for mark in log.window_marks()] == [("waiting", 0), ("warmup", 0), ("active", 0), ("closed", 0),
-                                                          ("active", 1), ("closed", 0), ("closed", 0)]
+                                                          ("active", 1), ("closed", 0), ("closed", 0), ("closed", 0)]
     assert list(log.window_marks())[2][2:] == (3.0, 3.1)
 
 
