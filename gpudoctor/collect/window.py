@@ -162,9 +162,9 @@ class ProfilerWindow:
     once, with no per-step call: measured on an H100 (bench/profiler_cost.py), CPU operators cost a launch-heavy
     step another 30-50% and a profiler.step() at every step up to 13%. CUPTI itself still costs such a step 1.3x to
     2x while attached, so Kineto is asked to detach it when the window stops. The steps' own clock places them on
-    the trace. A script that does not use CUDA gets CPU operators instead, and
-    so does --with-stack, which asks for them. After the profiled steps, `detail` steps run with gpudoctor's
-    per-call hooks (`attributing`), and no profiler.
+    the trace. A script that does not use CUDA gets CPU operators instead, and so does --with-stack, which asks
+    for them. After the profiled steps, `detail` steps run with gpudoctor's per-call hooks (`attributing`), and
+    no profiler.
 
     With `config.every_s` it opens again, a fresh profiler each time, at the first step boundary that
     many seconds after the previous window opened; window N writes `trace_name(N)`.
