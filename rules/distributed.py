@@ -28,13 +28,14 @@ class Cause:
 class Straggling:
     """The rank the others wait for, step by step: `slow` spends the least time in collectives in `slow_steps` of
     the `steps` every rank analysed, and the others wait `wait_s` for it (median over those steps of the least
-    wait among them)."""
+    wait among them) in steps of `step_s` (the median of those steps on the waiting ranks)."""
 
     slow: RankRun
     others: list[RankFigures]
     slow_steps: int
     steps: int
     wait_s: float
+    step_s: float
 
     @property
     def consistency(self) -> float:
@@ -53,7 +54,11 @@ def straggling(job: Job, min_steps: int = 3) -> Straggling:
     others = [r.figures for r in measured if r is not slow]
     waits = [min(f.collective_by_step[step] for f in others) - slow.figures.collective_by_step[step]
              for step in common]
-    return Straggling(slow, others, least.count(slow), len(common), max(0.0, statistics.median(waits)))
+    # The same steps' wall time on the waiting ranks: a wait is a share of these, not of a median taken over
+    # other steps (those outside a window that slowed its steps are shorter).
+    walls = [[s.wall_s for s in r.run.steps if s.index in common] for r in measured if r is not slow]
+    step_s = statistics.median(statistics.median(w) for w in walls if w) if any(walls) else 0.0
+    return Straggling(slow, others, least.count(slow), len(common), max(0.0, statistics.median(waits)), step_s)
 
 
 @rule("GD601", "straggler", category="straggler", scope="job")
@@ -80,8 +85,7 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
     once, not again on that rank.
     """
     found = straggling(job)
-    step_s = job.step_s
-    wait_s, slow, others = found.wait_s, found.slow, found.others
+    wait_s, step_s, slow, others = found.wait_s, found.step_s, found.slow, found.others
     if (not step_s or found.consistency < min_consistency or wait_s * 1e3 < min_wait_ms
             or wait_s < min_wait_share * step_s):
         return

@@ -14,14 +14,18 @@ ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long
 
 
 def _rank(run: Path, rank: int, *, data_wait_s: float, compute: tuple[float, float],
-          allreduce: tuple[float, float], workers: int) -> None:
+          allreduce: tuple[float, float], workers: int, outside_s: float | None = None) -> None:
     """One rank's bundle: each step waits `data_wait_s` for its batch, computes over `compute` (start, end within
-    the step) and all-reduces over `allreduce`."""
-    b = BundleBuilder(run / f"rank-{rank}", pid=4000 + 100 * rank)
+    the step) and all-reduces over `allreduce`. With `outside_s`, as many steps of that length follow the
+    profiled ones, outside the window."""
+    b = BundleBuilder(run / f"rank-{rank}", pid=4000 + 100 * rank,
+                      window=(0, 0, STEPS if outside_s is not None else None))
     b.loader(num_workers=workers)
     for step in b.steps(STEPS, wall_s=STEP_S, data_wait_s=data_wait_s):
         b.kernels([(step, compute[0], compute[1] - compute[0], "sm90_xmma_gemm_f32f32_tf32f32_f32_nn"),
                    (step, allreduce[0], allreduce[1] - allreduce[0], ALLREDUCE)])
+    if outside_s is not None:
+        b.steps(STEPS, wall_s=outside_s)
     b.write()
 
 
@@ -40,6 +44,17 @@ def test_the_rank_that_loads_slowly_is_the_straggler(tmp_path: Path) -> None:
     assert straggler["impact"] == 0.6 and straggler["severity"] == "critical"
     loader = next(f for f in findings if f["code"] == "GD101")
     assert loader["ranks"] == [1] and loader["impact"] is None
+
+
+def test_the_wait_is_a_share_of_the_steps_it_was_measured_in(tmp_path: Path) -> None:
+    """Steps outside the window run 8 ms (the window slowed the profiled ones to 20 ms): the 12 ms wait is a share
+    of the profiled steps it was measured in, not of the shorter steps outside."""
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8, outside_s=0.008)
+    _rank(tmp_path, 1, data_wait_s=0.012, compute=(0.012, 0.017), allreduce=(0.017, 0.019), workers=0,
+          outside_s=0.008)
+    straggler = _merged(tmp_path)[0]
+    assert straggler["title"].startswith("Rank 1 holds back the others: rank 0 waits 12.0 ms of each 20.0 ms step")
+    assert straggler["impact"] == 0.6
 
 
 def test_a_slower_gpu_is_named_as_the_cause(tmp_path: Path) -> None:
