@@ -56,7 +56,8 @@ def straggling(job: Job, min_steps: int = 3) -> Straggling:
              for step in common]
     # The same steps' wall time on the waiting ranks: a wait is a share of these, not of a median taken over
     # other steps (those outside a window that slowed its steps are shorter).
-    walls = [[s.wall_s for s in r.run.steps if s.index in common] for r in measured if r is not slow]
+    in_common = set(common)
+    walls = [[s.wall_s for s in r.run.steps if s.index in in_common] for r in measured if r is not slow]
     step_s = statistics.median(statistics.median(w) for w in walls if w) if any(walls) else 0.0
     return Straggling(slow, others, least.count(slow), len(common), max(0.0, statistics.median(waits)), step_s)
 
