@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
+from gpudoctor.analysis.data_wait import DataWait
 from gpudoctor.analysis.views import LoaderInfo, ProcessInfo
 
 
@@ -18,45 +18,23 @@ def _loader(run: Run) -> LoaderInfo:
     return loader
 
 
-@dataclass(frozen=True)
-class Starvation:
-    """Data wait over every step after start-up (it is measured at each step, not only in the window)."""
-
-    wait_s: float  # mean per step
-    wall_s: float  # mean per step
-    starved_steps: int  # steps that waited more than half their time
-    steps: int
-
-    @property
-    def share(self) -> float:
-        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
-
-    def starving(self, min_wait_share: float, min_starved_steps: float) -> bool:
-        """On average, or in enough single steps that an average would hide them (3 long waits in 30 steps)."""
-        return self.share >= min_wait_share or self.starved_steps >= max(2.0, min_starved_steps * self.steps)
-
-    def evidence(self) -> dict[str, object]:
-        return {"data wait per step": (round(self.wait_s * 1e3, 2), "ms"),
-                "step time": (round(self.wall_s * 1e3, 2), "ms"),
-                "steps waiting over half their time": f"{self.starved_steps} of {self.steps}"}
-
-
-def _starvation(run: Run) -> Starvation:
+def _starvation(run: Run) -> DataWait:
     run.require_steps()
-    steps = run.steady_steps
-    return Starvation(statistics.fmean(s.data_wait_s for s in steps), statistics.fmean(s.wall_s for s in steps),
-                      sum(1 for s in steps if s.wall_s > 0 and s.data_wait_s / s.wall_s > 0.5), len(steps))
+    wait = run.data_wait
+    if wait is None:
+        raise NotEvaluated("no step after start-up took any time")
+    return wait
 
 
 def _compute_s(run: Run, wall: float, wait: float) -> float:
     """Time a step needs once data is ready: the host's own work, or the GPU's, whichever is longer.
 
-    GPU work launched in one step runs while the host waits for the next batch, so the GPU's busy time
+    GPU work launched in one step runs while the host waits for the next batch, so the GPU's work per step
     (from the trace) is the better measure when there is one.
     """
     host = max(wall - wait, 1e-6)
-    busy = [s.gpu_busy_s for s in run.steps if s.gpu_busy_s is not None]
-    return max(host, statistics.fmean(busy)) if busy else host
+    gpu = run.gpu_work_per_step_s
+    return max(host, gpu) if gpu is not None else host
 
 
 def _workers(run: Run) -> list[ProcessInfo]:
@@ -96,8 +74,10 @@ def _severity(share: float) -> str:
 def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader loads every batch in the training process, and each step waits for it.
 
-    What it detects: `num_workers=0` while the step spends at least `min_wait_share` of its time waiting
-    for the next batch, or at least `min_starved_steps` of the steps wait more than half their time.
+    What it detects: `num_workers=0` while the GPU idles at least `min_wait_share` of each step waiting for
+    the next batch, or at least `min_starved_steps` of the steps wait more than half their time. The GPU's
+    idle part of the wait is the host's wait beyond the GPU's own work for the step (from the trace): a host
+    that runs ahead of a GPU-bound step can wait for a batch while the GPU works through its queue.
 
     Why it matters: with no workers, loading and augmenting a batch runs between steps on the same
     thread that launches GPU work, so the GPU idles for the whole load.
@@ -108,7 +88,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     N from the cores available; the workers load the next batches while the GPU computes (`pin_memory` is
     suggested only when the script uses a GPU).
 
-    Severity: critical when the step waits at least half its time for data, else warning.
+    Severity: critical when the GPU idles at least half of each step waiting for data, else warning.
 
     Impact: with N workers the step takes max(compute, load / N) instead of compute + load.
     """
@@ -123,7 +103,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     workers = _suggested_workers(wait, compute, run.env.cores)
     fixed = max(compute, wait / workers)
     yield Finding(
-        f"The step waits {share:.0%} of its time for the DataLoader, which loads in the main process",
+        f"The GPU idles {share:.0%} of each step while the DataLoader loads the next batch in the main process",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size,
                   "cores available": run.env.cores},
@@ -136,7 +116,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
                            min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader has workers, but too few to keep up, and the host has cores to spare.
 
-    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data
+    What it detects: `num_workers > 0`, the GPU idles at least `min_wait_share` of each step waiting for data
     (or at least `min_starved_steps` of the steps wait more than half their time), the workers are CPU-busy
     (at least `busy_worker_cores` of a core each) and the process may use more cores than it has workers.
 
@@ -146,7 +126,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     Fix: raise `num_workers` (the suggestion is derived from the measured load and compute times and the
     cores available), keep `persistent_workers=True`.
 
-    Severity: critical when the step waits at least half its time for data, else warning.
+    Severity: critical when the GPU idles at least half of each step waiting for data, else warning.
     """
     loader = _loader(run)
     if loader.num_workers == 0:
@@ -167,7 +147,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         return
     fixed = max(compute, batch_s / suggested)
     yield Finding(
-        f"{loader.num_workers} DataLoader workers cannot keep up: the step waits {share:.0%} of its time for data",
+        f"{loader.num_workers} DataLoader workers cannot keep up: the GPU idles {share:.0%} of each step waiting "
+        "for data",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), "cores available": cores},
@@ -180,7 +161,7 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
                      min_own_share: float = 0.5, min_starved_steps: float = 0.1) -> Iterator[Finding]:
     """The DataLoader's workers use every core and still cannot keep up: per-sample work is too heavy.
 
-    What it detects: `num_workers > 0`, the step waits at least `min_wait_share` of its time for data
+    What it detects: `num_workers > 0`, the GPU idles at least `min_wait_share` of each step waiting for data
     (or at least `min_starved_steps` of the steps wait more than half their time), the host's cores are at
     least `busy_host_share` busy, and the script's own processes use at least `min_own_share` of that CPU
     (otherwise other programs are the cause: see GD504).
@@ -190,7 +171,7 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     Fix: make each sample cheaper: decode or resize once ahead of time, move augmentation to the GPU
     (batched, after the copy), cache preprocessed samples, or use a faster decoder.
 
-    Severity: critical when the step waits at least half its time for data, else warning.
+    Severity: critical when the GPU idles at least half of each step waiting for data, else warning.
     """
     loader = _loader(run)
     if loader.num_workers == 0:
@@ -206,7 +187,7 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     if not starved.starving(min_wait_share, min_starved_steps) or busy < busy_host_share or own_share < min_own_share:
         return
     yield Finding(
-        f"The host's CPUs are {busy:.0%} busy and the step still waits {share:.0%} of its time for data",
+        f"The host's CPUs are {busy:.0%} busy and the GPU still idles {share:.0%} of each step waiting for data",
         impact=share, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "host CPU busy": (round(busy * 100), "%"),
                   "num_workers": loader.num_workers, "cores available": cores},

@@ -144,11 +144,9 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
 
 
 def _steady_wait_share(run: Run) -> float | None:
-    """The share of the steps after start-up spent waiting for data: what fewer threads can give back at most,
-    since the training process's own threads are set apart from its loader's."""
-    steps = run.steady_steps
-    wall = sum(s.wall_s for s in steps)
-    return sum(s.data_wait_s for s in steps) / wall if wall > 0 else None
+    """The share of the steps after start-up that the GPU idled waiting for data: what fewer threads can give back
+    at most, since the training process's own threads are set apart from its loader's."""
+    return run.steady_wait_share
 
 
 def _host_bound_share(run: Run) -> float | None:

@@ -19,6 +19,7 @@ from gpudoctor.bundle import trace_name
 from gpudoctor.bundle.events import AnyEvent, StepEvent, WindowEvent
 
 ANALYSED_WINDOW_STATES = ("active",)
+TRACED_WINDOW_STATES = ("warmup", "active")  # the steps the profiler records
 _TIMES = 4  # a plain step's t0, t1, wall_s and data_wait_s, in the times column
 
 E = TypeVar("E", bound=AnyEvent)

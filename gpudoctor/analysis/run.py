@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
@@ -9,7 +10,8 @@ from typing import TypeVar
 
 from gpudoctor import bundle as bundle_io
 from gpudoctor.analysis.budget import Budget, idle_in_syncs, step_budget
-from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, RunEvents
+from gpudoctor.analysis.data_wait import DataWait, data_wait
+from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, TRACED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.sites import copy_sites, sync_sites
@@ -249,12 +251,35 @@ class Run:
         return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, reference_step(self).seconds)
 
     @cached_property
+    def gpu_work_per_step_s(self) -> float | None:
+        """The GPU's work for one analysed step: the busy time of the ops the analysed steps launched, whenever they
+        ran (a host that runs ahead of a GPU-bound step leaves its work queued past the step's end), per step.
+        Without the launching calls in the trace (a large one keeps only the syncs), the GPU's busy time over the
+        whole trace per step traced. None without GPU activity in the trace."""
+        gpu, trace, steps = self.gpu, self.trace, self.steps
+        if gpu is None or trace is None or not steps:
+            return None
+        lo, hi = steps[0].start, steps[-1].end
+        launched = {r.correlation for r in trace.runtime if r.correlation is not None and lo <= r.start < hi}
+        busy = gpu.launched_busy_s(launched) if trace.detail and launched else None
+        if busy is not None:
+            return busy / len(steps)
+        traced = len(self.all_steps) if self.trace_only else sum(
+            1 for s in self.all_steps if s.window in TRACED_WINDOW_STATES)
+        return gpu.busy_s(-math.inf, math.inf) / (traced or len(steps))
+
+    @cached_property
+    def data_wait(self) -> DataWait | None:
+        """The data wait of every step after start-up (timed at each step, cheaply), and the part of it the GPU
+        spent idle (analysis.data_wait): what the input-pipeline rules size their savings on. None without steps."""
+        return data_wait(self.steady_steps, self.gpu_work_per_step_s)
+
+    @property
     def steady_wait_share(self) -> float | None:
-        """The share of every step after start-up spent waiting for data (timed at each step, cheaply): what the
-        input-pipeline rules size their savings on, and what the budget and the breakdown show as the wait."""
-        steady = self.steady_steps
-        wall = sum(s.wall_s for s in steady)
-        return sum(s.data_wait_s for s in steady) / wall if wall > 0 else None
+        """The share of every step after start-up that the GPU spent idle waiting for data: what the budget and
+        the breakdown show as the wait."""
+        wait = self.data_wait
+        return wait.share if wait is not None else None
 
     @cached_property
     def sync_stall_s(self) -> float | None:

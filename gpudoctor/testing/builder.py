@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.analysis import Run
+from gpudoctor.analysis.events import TRACED_WINDOW_STATES
 from gpudoctor.bundle.events import AnyEvent, ForkEvent, LoaderEvent, Phases, ThreadStartEvent
 from gpudoctor.bundle.layout import TRACE
 from gpudoctor.bundle.records import Site as SiteRecord
@@ -82,7 +83,7 @@ class BundleBuilder:
             [given.copy_row(c) for c in copies], [given.sync_row(s) for s in syncs],
         )
         self._spec.steps.append(step)
-        if gpu_busy_s:
+        if gpu_busy_s and step.window in TRACED_WINDOW_STATES:  # the profiler records its window's steps only
             self._spread_kernels(step, gpu_busy_s, kernels or 1, kernel_name)
         return index
 
@@ -225,12 +226,17 @@ class BundleBuilder:
 
         step: the step it runs in; at: seconds from that step's start (or "start": seconds since the
         epoch, instead of step and at); dur: seconds; name; kind: kernel | memcpy | memset;
-        device (0); stream (7); bytes (memcpy, memset).
+        device (0); stream (7); bytes (memcpy, memset); launched: when the runtime call that queued it ran,
+        as `at` is given (seconds from the step's start, or since the epoch with "start"): the trace then has
+        that call, with the op's correlation id (an op can run long after the step that launched it).
         """
         for op in map(given.op_spec, ops):
             start = self._time(op.step, op.at, op.start)
+            launched = None
+            if op.launched is not None:
+                launched = op.launched if op.start is not None else self._time(op.step, op.launched, None)
             name = op.name or given.OP_NAMES[op.kind]
-            self._spec.ops.append(GpuOp(op.kind, name, start, op.dur, op.device, op.stream, op.bytes))
+            self._spec.ops.append(GpuOp(op.kind, name, start, op.dur, op.device, op.stream, op.bytes, launched))
         return self
 
     def cuda_call(self, name: str = "cudaStreamSynchronize", *, step: int | None = None, at: float = 0.0,
