@@ -7,8 +7,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
-from gpudoctor.analysis.data_wait import DataWait
-from gpudoctor.analysis.views import LoaderInfo, ProcessInfo
+from gpudoctor.analysis import DataWait, LoaderInfo, ProcessInfo
 
 
 def _loader(run: Run) -> LoaderInfo:

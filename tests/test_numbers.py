@@ -19,7 +19,7 @@ def test_a_starved_runs_figures_agree(gd: Gpudoctor) -> None:
     run = Run.from_bundle(result.run_dir)
     report = build_report(run, run_rules(run, builtin_rules()))
     finding = next(f for f in result.findings()["findings"] if f["code"] == "GD101")
-    title_share = int(re.search(r"waits (\d+)% of its time", finding["title"]).group(1)) / 100
+    title_share = int(re.search(r"idles (\d+)% of each step", finding["title"]).group(1)) / 100
     breakdown = {p["phase"]: p["share"] for p in report["breakdown"]["phases"]}
     evidence = {e["name"]: e["value"] for e in finding["evidence"]}
     median = report["run"]["median_step_s"]
