@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 
 from gpudoctor.analysis import Run
+from gpudoctor.engine import builtin_rules, run_rules
+from gpudoctor.report.document import Report
+from gpudoctor.report.model import build_report, link_outputs
+from gpudoctor.report.render import to_html, to_text
 from gpudoctor.testing import BundleBuilder, assert_fires, assert_silent
 
 STEP_S, WAIT_S, LAUNCH_AT_S = 0.010, 0.006, 0.008  # each step waits 6 ms for its batch, launches at 8 ms
@@ -63,3 +67,18 @@ def test_a_wait_longer_than_the_gpu_leaves_free_is_idle_only_past_the_gpu_work(t
     wait = run.data_wait
     assert wait is not None and not wait.gpu_bound
     assert wait.idle_s == pytest.approx(STEP_S - 0.007, rel=1e-3)  # 3 ms of the 6 ms wait: the GPU works 7 ms of 10
+
+
+def test_the_report_says_the_host_ran_ahead_of_the_gpu(tmp_path) -> None:
+    ahead = build_report_of(loop_without_sync(tmp_path / "ahead", kernel_s=0.030))
+    assert ahead["run"]["gpu_work_per_step_s"] == pytest.approx(0.030, rel=1e-3)
+    assert "the GPU's work takes 30.0 ms a step: the host ran ahead of it" in to_text(ahead)
+    assert "the host ran ahead of it, and the GPU set the pace" in to_html(link_outputs(ahead, tmp_path / "ahead"))
+    behind = build_report_of(loop_without_sync(tmp_path / "behind", kernel_s=0.002))
+    assert behind["run"]["gpu_work_per_step_s"] == pytest.approx(0.002, rel=1e-3)
+    assert "ran ahead" not in to_text(behind)
+    assert "ran ahead" not in to_html(link_outputs(behind, tmp_path / "behind"))
+
+
+def build_report_of(run: Run) -> Report:
+    return build_report(run, run_rules(run, builtin_rules()))

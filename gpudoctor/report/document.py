@@ -69,6 +69,7 @@ class _RunFields(TypedDict):
     window_distortion: float | None  # median profiled step over the median step outside the windows
     window_distortion_reason: str | None
     median_step_outside_window: bool  # median_step_s (and the savings) from the steps outside a distorting window
+    gpu_work_per_step_s: float | None  # the GPU's work for one analysed step, from the trace (None without one)
     ending: str | None
     exit_status: int | None
     exception: ExceptionFacts | None

@@ -175,6 +175,10 @@ def _exception(run: Run) -> ExceptionFacts | None:
     return {"type": ending.exception, "message": ending.message or "", "location": location}
 
 
+def _seconds_or_none(value: float | None) -> float | None:
+    return None if value is None else round(value, 9)
+
+
 def _window_settings(window: WindowSettings | None) -> WindowSettingsJson | None:
     if window is None:
         return None
@@ -195,6 +199,7 @@ def _run_facts(run: Run) -> RunFacts:
         "median_step_s": reference.seconds, "step_source": step_source(run),
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
         "median_step_outside_window": reference.outside,
+        "gpu_work_per_step_s": _seconds_or_none(run.gpu_work_per_step_s),
         "ending": exit_info.ending if exit_info else None, "exit_status": exit_info.status if exit_info else None,
         "exception": _exception(run), "window": _window_settings(manifest.window),
         "trace_only": run.trace_only,

@@ -13,7 +13,7 @@ from markupsafe import Markup, escape
 from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.paths import templates_dir
 from gpudoctor.report import svg
-from gpudoctor.report.document import BudgetJson, FindingsDocument, Report
+from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
 from gpudoctor.report.units import elapsed, percent, seconds, step_after
 
 
@@ -55,6 +55,7 @@ def _environment() -> jinja2.Environment:
     env.filters["percent"] = percent
     env.filters["elapsed"] = elapsed
     env.globals["step_after"] = step_after
+    env.globals["host_ran_ahead"] = host_ran_ahead
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
@@ -105,6 +106,13 @@ def _on_ranks(finding: FindingJson) -> str:
     return f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
 
 
+def host_ran_ahead(run: RunFacts) -> bool:
+    """The GPU's work for a step took longer than the median step: the host launched ahead of the GPU (no sync
+    held it back), so the GPU, not the step the host measured, set the pace."""
+    work, step = run.get("gpu_work_per_step_s"), run.get("median_step_s")
+    return work is not None and step is not None and work > step
+
+
 def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> str:
     """The one-screen terminal summary."""
     run = report["run"]
@@ -113,6 +121,8 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
     if run.get("median_step_s") is not None:
         where = " (outside the window)" if run.get("median_step_outside_window") else ""
         facts.append(f"median step {seconds(run['median_step_s'])}{where}")
+        if host_ran_ahead(run):
+            facts.append(f"the GPU's work takes {seconds(run['gpu_work_per_step_s'])} a step: the host ran ahead of it")
     if run.get("step_source"):
         facts.append(f"steps marked by {run['step_source']}")
     if run.get("window_distortion") is not None:
