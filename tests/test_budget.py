@@ -10,8 +10,9 @@ import pytest
 
 from conftest import REPO, script
 from gpudoctor.analysis import Run
+from gpudoctor.analysis.views import Location
 from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
-from gpudoctor.report.budget import SLICES_OF_CATEGORY
+from gpudoctor.report.budget import SLICES_OF_CATEGORY, host_lines_json
 from gpudoctor.testing import BundleBuilder
 
 BUNDLES = REPO / "fixtures" / "bundles"
@@ -99,3 +100,10 @@ def test_the_host_lines_name_the_busy_line(gd) -> None:
     assert lines[0]["line"] == busy_line and lines[0]["share"] >= 0.5, lines
     assert all(Path(line["file"]).resolve() == busy.resolve() for line in lines)
     assert sum(line["share"] for line in lines) <= 1.0
+
+
+def test_the_host_lines_shares_never_add_up_to_more_than_one() -> None:
+    """Rounded to the nearest, 2/3, 1/6 and 1/6 would give 0.6667 + 0.1667 + 0.1667 = 1.0001."""
+    lines = [(Location("train.py", line, "main"), share) for line, share in ((10, 2 / 3), (11, 1 / 6), (12, 1 / 6))]
+    shares = [line["share"] for line in host_lines_json(lines)]
+    assert sum(shares) <= 1.0 and shares == [0.6666, 0.1666, 0.1666]

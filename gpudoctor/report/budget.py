@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from gpudoctor.analysis.budget import SLICE_LABELS, Budget
@@ -23,7 +24,9 @@ MAX_HOST_LINES = 5
 
 
 def host_lines_json(host_lines: Sequence[tuple[Location, float]]) -> list[HostLineJson]:
-    return [{"file": where.file, "line": where.line, "function": where.function, "share": round(share, 4)}
+    """The lines, each share rounded down to 4 decimals so that the shares never add up to more than 1."""
+    return [{"file": where.file, "line": where.line, "function": where.function,
+             "share": math.floor(share * 1e4) / 1e4}
             for where, share in host_lines[:MAX_HOST_LINES]]
 
 
