@@ -70,6 +70,7 @@ class _RunFields(TypedDict):
     window_distortion_reason: str | None
     median_step_outside_window: bool  # median_step_s (and the savings) from the steps outside a distorting window
     gpu_work_per_step_s: float | None  # the GPU's work for one analysed step, from the trace (None without one)
+    host_ran_ahead: bool  # the GPU's work per step took longer than the host's mean step after start-up
     ending: str | None
     exit_status: int | None
     exception: ExceptionFacts | None

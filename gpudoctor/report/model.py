@@ -200,6 +200,7 @@ def _run_facts(run: Run) -> RunFacts:
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
         "median_step_outside_window": reference.outside,
         "gpu_work_per_step_s": _seconds_or_none(run.gpu_work_per_step_s),
+        "host_ran_ahead": run.data_wait is not None and run.data_wait.gpu_bound,
         "ending": exit_info.ending if exit_info else None, "exit_status": exit_info.status if exit_info else None,
         "exception": _exception(run), "window": _window_settings(manifest.window),
         "trace_only": run.trace_only,
