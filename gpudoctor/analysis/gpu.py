@@ -7,9 +7,8 @@ and ends.
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress, islice
@@ -135,19 +134,6 @@ class GpuView:
             return self.kernels.select(i for i, start in enumerate(self._kernel_starts) if lo <= start < hi)
         starts = self._kernel_starts
         return self.kernels[bisect_left(starts, lo):bisect_left(starts, hi)]
-
-    def launched_busy_s(self, correlations: Container[int]) -> float | None:
-        """Busy time, over every device, of the ops launched by the runtime calls with these correlation ids, when
-        ever they ran (GPU work queued behind a host that ran ahead runs after the launching step has ended).
-        None when no op has one of the ids."""
-        table = self._table
-        rows = [i for i, c in enumerate(table.correlations()) if c in correlations]
-        if not rows:
-            return None
-        starts, ends = table.starts(), table.ends()
-        launched = intervals.union_of(array_of("d", map(starts.__getitem__, rows)),
-                                      array_of("d", map(ends.__getitem__, rows)))
-        return launched.covered(-math.inf, math.inf)
 
     @property
     def busy_fraction(self) -> float:

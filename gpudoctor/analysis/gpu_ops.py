@@ -179,10 +179,6 @@ class GpuOps(Sequence[GpuOp]):
     def devices(self) -> Sequence[int]:
         return self._column(self.columns.devices)
 
-    def correlations(self) -> Sequence[int]:
-        """Each op's correlation id with the runtime call that launched it (NO_ID where it has none, or an odd one)."""
-        return self._column(self.columns.correlations)
-
     def kinds(self) -> Sequence[int]:
         """Each op's kind, as an index into GPU_KINDS."""
         return self._column(self.columns.kinds)

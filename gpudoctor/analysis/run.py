@@ -252,20 +252,15 @@ class Run:
 
     @cached_property
     def gpu_work_per_step_s(self) -> float | None:
-        """The GPU's work for one analysed step: the busy time of the ops the analysed steps launched, whenever they
-        ran (a host that runs ahead of a GPU-bound step leaves its work queued past the step's end), per step.
-        Without the launching calls in the trace (a large one keeps only the syncs), the GPU's busy time over the
-        whole trace per step traced. None without GPU activity in the trace."""
-        gpu, trace, steps = self.gpu, self.trace, self.steps
-        if gpu is None or trace is None or not steps:
+        """The GPU's work for one step: its busy time over the whole trace, what it ran after the host had launched
+        the last traced step included (a host that runs ahead of a GPU-bound step leaves its work queued past the
+        step's end, and the profiler's stop waits for it), over the steps traced (the profiler's warm-up ones
+        too). None without GPU activity in the trace."""
+        gpu, steps = self.gpu, self.steps
+        if gpu is None or not steps:
             return None
-        lo, hi = steps[0].start, steps[-1].end
-        launched = {r.correlation for r in trace.runtime if r.correlation is not None and lo <= r.start < hi}
-        busy = gpu.launched_busy_s(launched) if trace.detail and launched else None
-        if busy is not None:
-            return busy / len(steps)
-        traced = len(self.all_steps) if self.trace_only else sum(
-            1 for s in self.all_steps if s.window in TRACED_WINDOW_STATES)
+        every = self.all_steps
+        traced = len(every) if self.trace_only else sum(1 for s in every if s.window in TRACED_WINDOW_STATES)
         return gpu.busy_s(-math.inf, math.inf) / (traced or len(steps))
 
     @cached_property
