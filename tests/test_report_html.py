@@ -245,8 +245,8 @@ def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     assert "GPU idle" in first_screen and "DataLoader" in first_screen, first_screen
     assert "data_starvation_bad.py:74" in first_screen and "loader = DataLoader(" in first_screen, first_screen
     # The verdict, then the problem's saving as time per step, on the same median step as the facts beside it.
-    assert "the largest fix saves ~81% of the step" in first_screen, first_screen
-    assert "fix saves ~81%: 145.9 → ~27.6 ms/step (≈5.3×)" in first_screen, first_screen
+    assert "the largest fix saves ~84% of the step" in first_screen, first_screen
+    assert "fix saves ~84%: 145.9 → ~23.0 ms/step (≈6.4×)" in first_screen, first_screen
 
     several = seen["several-findings"]
     problems = [c for c in several["cards"] if c["severity"] != "info"]
