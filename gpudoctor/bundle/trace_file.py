@@ -72,5 +72,5 @@ def _parse_whole(path: Path, raw: bytes) -> Any:
         raise BundleError(f"{path} is not a JSON trace: byte {exc.start} is not UTF-8 text.") from None
     except RecursionError:
         raise BundleError(f"{path} is not a profiler trace: its JSON is nested too deeply.") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise BundleError(f"{path} is not a profiler trace: {exc}.") from None
+    except ValueError:  # an integer of thousands of digits: Python refuses to convert it
+        raise BundleError(f"{path} is not a profiler trace: it holds a number of thousands of digits.") from None
