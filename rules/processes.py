@@ -114,8 +114,8 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
     Fix: one intra-op thread per loader worker (`worker_init_fn=lambda _: torch.set_num_threads(1)`),
     and `torch.set_num_threads(cores // ranks)` in the training process.
 
-    Impact: the share of the steps after start-up spent waiting for data, the most that fewer threads can
-    give back (the recorded twin with one thread per worker ran as fast when the loader kept up).
+    Impact: the share of the steps after start-up the GPU idles waiting for data, the most that fewer threads
+    can give back (the recorded twin with one thread per worker ran as fast when the loader kept up).
     """
     processes = run.require_processes()
     samples = run.require_host_samples().host
@@ -131,7 +131,7 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
     yield Finding(
         f"{demand} compute threads compete for {cores} cores"
         + (f" ({ranks} ranks of {per_rank} each)" if ranks > 1 else ""),
-        impact=_steady_wait_share(run), impact_reason="no step data to estimate from",
+        impact=run.steady_wait_share, impact_reason="no step data to estimate from",
         location=loader.location if loader else None,
         evidence={"compute threads": demand, "cores available": cores, "child processes": len(children),
                   "threads per child (max)": max((p.threads_max for p in children), default=0),
@@ -141,12 +141,6 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
             f"torch.set_num_threads({max(1, cores // (2 * ranks))}) in the training process"
             + (f" (of each of the {ranks} ranks)" if ranks > 1 else ""),
     )
-
-
-def _steady_wait_share(run: Run) -> float | None:
-    """The share of the steps after start-up that the GPU idled waiting for data: what fewer threads can give back
-    at most, since the training process's own threads are set apart from its loader's."""
-    return run.steady_wait_share
 
 
 def _host_bound_share(run: Run) -> float | None:

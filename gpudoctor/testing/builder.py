@@ -226,17 +226,12 @@ class BundleBuilder:
 
         step: the step it runs in; at: seconds from that step's start (or "start": seconds since the
         epoch, instead of step and at); dur: seconds; name; kind: kernel | memcpy | memset;
-        device (0); stream (7); bytes (memcpy, memset); launched: when the runtime call that queued it ran,
-        as `at` is given (seconds from the step's start, or since the epoch with "start"): the trace then has
-        that call, with the op's correlation id (an op can run long after the step that launched it).
+        device (0); stream (7); bytes (memcpy, memset).
         """
         for op in map(given.op_spec, ops):
             start = self._time(op.step, op.at, op.start)
-            launched = None
-            if op.launched is not None:
-                launched = op.launched if op.start is not None else self._time(op.step, op.launched, None)
             name = op.name or given.OP_NAMES[op.kind]
-            self._spec.ops.append(GpuOp(op.kind, name, start, op.dur, op.device, op.stream, op.bytes, launched))
+            self._spec.ops.append(GpuOp(op.kind, name, start, op.dur, op.device, op.stream, op.bytes))
         return self
 
     def cuda_call(self, name: str = "cudaStreamSynchronize", *, step: int | None = None, at: float = 0.0,

@@ -17,7 +17,6 @@ TraceEvent = dict[str, object]
 LOADER_ANNOTATION = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 OP_CATEGORIES = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 FIRST_CORRELATION = 1001
-LAUNCH_S = 5e-6  # a launching runtime call's duration
 
 
 def write_trace(path: Path, spec: BundleSpec) -> None:
@@ -75,12 +74,6 @@ def _device_and_runtime_events(spec: BundleSpec, base_s: int) -> list[TraceEvent
     ops = sorted(spec.ops, key=lambda o: o.start)
     events = [_op_event(op, base_s, FIRST_CORRELATION + i) for i, op in enumerate(ops)]
     pid = spec.settings.pid
-    for i, op in enumerate(ops):
-        if op.launched is not None:
-            launch = "cudaLaunchKernel" if op.kind == "kernel" else "cudaMemcpyAsync"
-            events.append({"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": pid, "tid": pid,
-                           "ts": _us(op.launched, base_s), "dur": _dur(LAUNCH_S),
-                           "args": {"correlation": FIRST_CORRELATION + i}})
     for i, call in enumerate(spec.runtime, start=FIRST_CORRELATION + len(ops)):
         events.append({"ph": "X", "cat": "cuda_runtime", "name": call.name, "pid": pid, "tid": pid,
                        "ts": _us(call.start, base_s), "dur": _dur(call.dur), "args": {"correlation": i}})

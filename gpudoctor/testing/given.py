@@ -43,8 +43,6 @@ class OpSpec(msgspec.Struct, kw_only=True):
     device: int = 0
     stream: int = DEFAULT_STREAM
     bytes: int | None = None
-    launched: float | None = None  # when the cudaLaunchKernel (or copy call) that queued it ran: seconds from the
-    # start of `step`, or since the epoch with `start`; None: no launching call in the trace
 
 
 def convert(data: object, kind: type[T], what: str) -> T:

@@ -118,7 +118,6 @@ class GpuOp:
     device: int
     stream: int
     bytes: int | None
-    launched: float | None = None  # the start of the runtime call that launched it (seconds since the epoch)
 
 
 @dataclass(frozen=True)
