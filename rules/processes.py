@@ -161,7 +161,9 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
     average while the host's CPUs are at least `busy_host_share` busy.
 
     Why it matters: the loader workers and the launching thread get less CPU than they ask for; the
-    GPU waits for them.
+    GPU waits for them. The saving counted is the time the main thread waits for a core (Linux's
+    scheduler statistics) in proportion to the busy CPU other programs take, plus the wait for data in
+    proportion to the cores they take; with a GPU timeline, at most the GPU's idle time.
 
     Fix: stop or move the other programs, or pin the job to its own cores (`taskset`, cgroups, a
     container CPU limit for the neighbours).
@@ -172,18 +174,41 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
     if not points:
         return
     other = statistics.fmean(p.values["other_cores"] for p in points)
-    busy = statistics.fmean(p.values["busy_cores"] for p in points) / cores
+    busy_cores = statistics.fmean(p.values["busy_cores"] for p in points)
+    busy = busy_cores / cores
     if other < min_other_cores or busy < busy_host_share:
         return
-    host_bound = _host_bound_share(run)
-    impact = None if host_bound is None else host_bound * min(1.0, other / cores)
+    delay = _main_run_delay_share(run)
+    evidence = {"other processes' CPU": (round(other, 2), "cores"), "host CPU busy": (round(busy * 100), "%"),
+                "cores": cores}
+    if delay is not None:
+        evidence["main thread waiting for a core"] = (round(delay * 100, 1), "%")
     yield Finding(
         f"Other processes use {other:.1f} of {cores} cores while the host is {busy:.0%} busy",
-        impact=impact, impact_reason="no step data to estimate from",
-        evidence={"other processes' CPU": (round(other, 2), "cores"), "host CPU busy": (round(busy * 100), "%"),
-                  "cores": cores},
+        impact=_contention_share(run, other / cores, delay, min(1.0, other / busy_cores)),
+        impact_reason="no step data to estimate from",
+        evidence=evidence,
         fix="stop or move the other programs, or give the job its own cores (taskset, cgroups)",
     )
+
+
+def _main_run_delay_share(run: Run) -> float | None:
+    """The share of the time the script's main thread was ready to run but waited for a core."""
+    main = next((p for p in run.processes if p.role == "main"), None)
+    return main.run_delay_share if main is not None else None
+
+
+def _contention_share(run: Run, other_share: float, delay: float | None, other_of_busy: float) -> float | None:
+    """The share of the step other programs cost: the loader's wait for data (or, with a GPU timeline, the GPU's
+    idle time) in proportion to the cores they take, plus the time the main thread waited for a core, in
+    proportion to the busy CPU they take (the job's own processes delay it too). With a GPU timeline, at most
+    the GPU's idle share: a delayed host costs the step nothing while the GPU has queued work."""
+    host_bound = _host_bound_share(run)
+    waiting = None if host_bound is None else host_bound * min(1.0, other_share)
+    if delay is None:
+        return waiting
+    idle = run.gpu_idle_share
+    return min(1.0 if idle is None else idle, (waiting or 0.0) + delay * other_of_busy)
 
 
 @rule("GD505", "intra-op-threads-exceed-free-cores", category="cpu_oversubscription")

@@ -26,7 +26,7 @@ WORKER_FROM, WORKER_TO = 12_345, 20_007  # a worker process that starts and ends
 ROOT, WORKER = 100, 200
 FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"}
 COUNTERS = ("swap_in", "swap_out")
-PROC_COUNTERS = ("cpu_s", "ctx_vol", "ctx_invol", "thread_cpu")
+PROC_COUNTERS = ("cpu_s", "ctx_vol", "ctx_invol", "thread_cpu", "run_delay_s")
 
 
 # -- synthetic samples -----------------------------------------------------------------------------------
@@ -46,7 +46,8 @@ def host_sample(i: int) -> dict[str, Any]:
 
 def process(pid: int, ppid: int, name: str, i: int, rss: int) -> dict[str, Any]:
     return {"pid": pid, "ppid": ppid, "name": name, "cpu_s": round(i * 0.08, 3), "rss": rss, "threads": 10 + i % 3,
-            "ctx_vol": i * 3, "ctx_invol": i // 4, "thread_cpu": {str(pid): round(i * 0.05, 3), str(pid + 1): i * 0.01}}
+            "ctx_vol": i * 3, "ctx_invol": i // 4, "thread_cpu": {str(pid): round(i * 0.05, 3), str(pid + 1): i * 0.01},
+            "run_delay_s": round(i * 0.002, 3)}
 
 
 def procs_sample(i: int) -> dict[str, Any]:

@@ -84,6 +84,29 @@ def test_cpu_bound_loader_is_told_apart_from_other_programs(tmp_path) -> None:
     assert_fires("GD504", others.build(), count=1)
 
 
+def contended(tmp_path, *, gpu_busy_s: float | None = None) -> BundleBuilder:
+    """Two cores, 1.5 of them taken by other programs; the main thread waits for a core 40% of the time."""
+    b = BundleBuilder(tmp_path)
+    b.env(cores=2)
+    b.steps(6, wall_s=0.1, gpu_busy_s=gpu_busy_s)
+    b.process(0.5, run_delay_share=0.4)
+    b.host_samples(other_cores=1.5)
+    return b
+
+
+def test_contention_costs_the_time_the_main_thread_waits_for_a_core(tmp_path) -> None:
+    finding = assert_fires("GD504", contended(tmp_path).build(), count=1)[0]
+    # The 40% wait counts in proportion to the busy CPU other programs take: 1.5 of 2 cores.
+    assert finding["impact"] == pytest.approx(0.4 * 1.5 / 2.0, abs=0.01)
+    assert {"name": "main thread waiting for a core", "value": 40.0, "unit": "%"} in finding["evidence"]
+
+
+def test_a_waiting_host_costs_nothing_while_the_gpu_is_busy(tmp_path) -> None:
+    finding = run_rule("GD504", contended(tmp_path, gpu_busy_s=0.1).build())
+    assert len(finding) == 1 and finding[0]["impact"] == pytest.approx(0.0, abs=0.01)
+    assert finding[0]["severity"] == "info"
+
+
 def test_host_swapping_is_critical(tmp_path) -> None:
     b = BundleBuilder(tmp_path)
     b.steps(5, wall_s=0.1)

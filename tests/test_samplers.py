@@ -103,6 +103,7 @@ def test_process_values_match_psutil(tree: Tree) -> None:
         for tid, seconds in row["thread_cpu"].items():
             assert seconds == pytest.approx(other["thread_cpu"][tid], abs=0.02)
         assert 0 <= other["ctx_vol"] - row["ctx_vol"] <= 5 and 0 <= other["ctx_invol"] - row["ctx_invol"] <= 5
+        assert 0 <= other["run_delay_s"] - row["run_delay_s"] <= 0.05
     root = ours[tree.pid]
     assert root["threads"] == 4 and root["cpu_s"] > 0.01  # its main thread and three idle ones; the sum it made
     assert ours[tree.workers[0]]["ppid"] == tree.pid
@@ -256,7 +257,7 @@ def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp
                               "swap_out"]
     assert [p["pid"] for p in procs[-1]["procs"]] == [tree.pid, tree.workers[0]]
     assert list(procs[-1]["procs"][0]) == ["pid", "ppid", "name", "cpu_s", "rss", "threads", "ctx_vol",
-                                           "ctx_invol", "thread_cpu"]
+                                           "ctx_invol", "thread_cpu", "run_delay_s"]
 
 
 def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:

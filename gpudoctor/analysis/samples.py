@@ -119,6 +119,7 @@ def _process_info(pid: int, entries: list[tuple[float, ProcEntry]], is_root: boo
         threads_max=int(max(e.highest("threads") or 0 for _, e in entries)),
         thread_cores=_thread_cores([e for _, e in entries], elapsed),
         ctx_invol_per_s=_rate(first.ctx_invol, last.ctx_invol, elapsed),
+        run_delay_share=_rate(first.run_delay_s, last.run_delay_s, elapsed),
     )
 
 

@@ -177,6 +177,8 @@ class ProcessInfo:
     threads_max: int
     thread_cores: dict[str, float]  # mean cores used by each thread, by thread id
     ctx_invol_per_s: float | None  # involuntary context switches: the OS took the CPU away
+    # Seconds per second the main thread was ready to run but waited for a core; None where not measured
+    run_delay_share: float | None = None
 
     @property
     def busy_threads(self) -> int:

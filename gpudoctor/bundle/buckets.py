@@ -63,7 +63,7 @@ class SampleKind:
 KINDS: dict[str, SampleKind] = {
     "host": SampleKind(counters=frozenset({"swap_in", "swap_out", "job_cpu"})),
     "procs": SampleKind(entries="procs", entry_id="pid",
-                        counters=frozenset({"cpu_s", "ctx_vol", "ctx_invol", "thread_cpu"}),
+                        counters=frozenset({"cpu_s", "ctx_vol", "ctx_invol", "thread_cpu", "run_delay_s"}),
                         labels=frozenset({"pid", "ppid", "name"})),
     "gpu": SampleKind(entries="gpus", entry_id="gpu", labels=frozenset({"gpu"})),
 }

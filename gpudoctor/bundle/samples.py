@@ -66,6 +66,9 @@ class ProcEntry(Merged, kw_only=True, frozen=True):
     ctx_invol: float | None = None
     # CPU seconds of each thread, by OS thread id
     thread_cpu: dict[str, float] = msgspec.field(default_factory=dict)
+    # Seconds the main thread was ready to run but waited for a core (Linux schedstat's run delay); None where
+    # the kernel does not keep it
+    run_delay_s: Seconds | None = None
 
 
 class ProcsRow(Merged, kw_only=True, frozen=True):

@@ -221,6 +221,7 @@ class TrackedProcess:
         self.pid = pid
         self._files = files
         self._stat, self._status = files.open_all(f"/proc/{pid}/stat", f"/proc/{pid}/status")
+        self._schedstat = _open_schedstat(files, pid)
         self._threads: dict[str, HeldFile | PathFile] = {}
         self._children: dict[str, HeldFile | PathFile] = {}
         self._comm, self._name = b"", ""
@@ -240,7 +241,18 @@ class TrackedProcess:
             rss=_resident_bytes(status), threads=threads,
             ctx_vol=_status_count(status, b"\nvoluntary_ctxt_switches:"),
             ctx_invol=_status_count(status, b"\nnonvoluntary_ctxt_switches:"), thread_cpu=self._thread_cpu(),
+            run_delay_s=self._run_delay(),
         )
+
+    def _run_delay(self) -> float | None:
+        """The main thread's run delay: /proc/PID/schedstat is the thread group leader's "on-CPU, waiting for
+        a CPU, timeslices" in nanoseconds."""
+        if self._schedstat is None:
+            return None
+        try:
+            return int(self._schedstat.read().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
 
     def _list_threads(self) -> None:
         tids = sorted(os.listdir(f"/proc/{self.pid}/task"))
@@ -270,6 +282,8 @@ class TrackedProcess:
             self._forget_thread(tid)
         self._stat.close()
         self._status.close()
+        if self._schedstat is not None:
+            self._schedstat.close()
 
     def _thread_cpu(self) -> dict[str, float]:
         cpu, gone = {}, []
@@ -301,6 +315,14 @@ class TrackedProcess:
         if comm != self._comm:
             self._comm, self._name = comm, _process_name(self.pid, os.fsdecode(comm))
         return self._name
+
+
+def _open_schedstat(files: ProcFiles, pid: int) -> HeldFile | PathFile | None:
+    """None on a kernel built without scheduler statistics (no /proc/PID/schedstat)."""
+    try:
+        return files.open(f"/proc/{pid}/schedstat")
+    except OSError:
+        return None
 
 
 def _resident_bytes(status: bytes) -> int:

@@ -56,6 +56,16 @@ def _psutil_process_sample(process: psutil.Process) -> ProcEntry | None:
                 rss=process.memory_info().rss, threads=process.num_threads(), ctx_vol=switches.voluntary,
                 ctx_invol=switches.involuntary,
                 thread_cpu={str(th.id): th.user_time + th.system_time for th in process.threads()},
+                run_delay_s=_run_delay(process.pid),
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def _run_delay(pid: int) -> float | None:
+    """The main thread's run delay from Linux's /proc/PID/schedstat, where there is one (psutil has no reader)."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as file:
+            return int(file.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
         return None

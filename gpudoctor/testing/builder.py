@@ -174,18 +174,19 @@ class BundleBuilder:
     # -- samples ---------------------------------------------------------------------------------
     def process(self, cores: float | None = None, *, name: str = "python", thread_cores: Sequence[float] | None = None,
                 threads: int | None = None, rss: int = 2 * GiB, ctx_invol_per_s: float = 10.0,
-                ctx_vol_per_s: float = 100.0, ppid: int | None = None) -> int:
+                ctx_vol_per_s: float = 100.0, ppid: int | None = None, run_delay_share: float | None = 0.0) -> int:
         """A process of the script's tree, sampled at a steady rate; the first one added is the script's
         main process, later ones are its children unless `ppid` says otherwise. Returns its pid.
 
-        `cores` is its CPU use; `thread_cores` splits it by thread (default: one thread using `cores`).
+        `cores` is its CPU use; `thread_cores` splits it by thread (default: one thread using `cores`);
+        `run_delay_share` the share of the time its main thread waits for a core (None: not measured).
         """
         split = tuple(thread_cores) if thread_cores is not None else (1.0 if cores is None else cores,)
         processes = self._spec.processes
         pid = self.pid + len(processes) * 10
         parent = ppid if ppid is not None else (self.pid - 1 if not processes else self.pid)
         processes.append(ProcessSpec(pid, parent, name, split, threads if threads is not None else len(split), rss,
-                                     ctx_invol_per_s, ctx_vol_per_s))
+                                     ctx_invol_per_s, ctx_vol_per_s, run_delay_share))
         return pid
 
     def workers(self, n: int, cores: float = 1.0, **kwargs: Any) -> list[int]:

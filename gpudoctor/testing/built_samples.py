@@ -40,7 +40,7 @@ def gpu_rows(spec: BundleSpec) -> list[GpuRow]:
 def _default_process(spec: BundleSpec, host: HostSpec) -> ProcessSpec:
     """The script's process, when the test describes only the host."""
     pid = spec.settings.pid
-    return ProcessSpec(pid, pid - 1, "python", (host.tree_cores or 1.0,), 1, 2 * GiB, 10.0, 100.0)
+    return ProcessSpec(pid, pid - 1, "python", (host.tree_cores or 1.0,), 1, 2 * GiB, 10.0, 100.0, 0.0)
 
 
 def _busy_cores(spec: BundleSpec, host: HostSpec, tree: float) -> float:
@@ -79,4 +79,5 @@ def _proc_entry(p: ProcessSpec, elapsed: float) -> ProcEntry:
         pid=p.pid, ppid=p.ppid, name=p.name, cpu_s=p.cores * elapsed, rss=p.rss, threads=p.threads,
         ctx_vol=int(p.ctx_vol_per_s * elapsed), ctx_invol=int(p.ctx_invol_per_s * elapsed),
         thread_cpu={tid: cores * elapsed for tid, cores in zip(tids, p.thread_cores)},
+        run_delay_s=None if p.run_delay_share is None else p.run_delay_share * elapsed,
     )

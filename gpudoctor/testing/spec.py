@@ -86,6 +86,7 @@ class ProcessSpec:
     rss: int
     ctx_invol_per_s: float
     ctx_vol_per_s: float
+    run_delay_share: float | None = None  # seconds per second the main thread waits for a core
 
     @property
     def cores(self) -> float:
