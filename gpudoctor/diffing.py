@@ -39,6 +39,7 @@ class _RunFacts(msgspec.Struct, frozen=True):
 
     median_step_s: Annotated[float, msgspec.Meta(ge=0)] | None
     steps_analysed: Annotated[int, msgspec.Meta(ge=0)]
+    step_s: Annotated[float, msgspec.Meta(ge=0)] | None = None  # absent from a findings.json written before it
     command: str | None = None
     script: str | None = None
 
@@ -98,7 +99,8 @@ def read_run(path: Path, rule_paths: Sequence[str] = (), progress: IO[str] | Non
         raise InputNotFoundError(f"{path} does not exist.")
     facts, source = _read(path, rule_paths, progress)
     return RunFindings(path=str(path), source=source, command=facts.run.command or facts.run.script,
-                       median_step_s=facts.run.median_step_s, steps_analysed=facts.run.steps_analysed,
+                       median_step_s=facts.run.median_step_s, step_s=facts.run.step_s,
+                       steps_analysed=facts.run.steps_analysed,
                        findings=tuple(facts.findings))
 
 

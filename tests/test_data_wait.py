@@ -71,8 +71,10 @@ def test_a_wait_longer_than_the_gpu_leaves_free_is_idle_only_past_the_gpu_work(t
 def test_the_report_says_the_host_ran_ahead_of_the_gpu(tmp_path) -> None:
     ahead = build_report_of(loop_without_sync(tmp_path / "ahead", kernel_s=0.030))
     assert ahead["run"]["gpu_work_per_step_s"] == pytest.approx(0.030, rel=1e-3)
-    assert "the GPU's work takes 30.0 ms a step: the host ran ahead of it" in to_text(ahead)
-    assert "the host ran ahead of it, and the GPU set the pace" in to_html(link_outputs(ahead, tmp_path / "ahead"))
+    assert ahead["run"]["step_s"] == ahead["run"]["gpu_work_per_step_s"] and ahead["run"]["step_s_basis"] == "gpu_work"
+    assert "step 30.0 ms (the GPU's work per step: the host ran ahead of it)" in to_text(ahead)
+    assert "<th>Step</th><td>30.0 ms (the GPU&#39;s work per step: the host ran ahead of it)" in to_html(
+        link_outputs(ahead, tmp_path / "ahead"))
     behind = build_report_of(loop_without_sync(tmp_path / "behind", kernel_s=0.002))
     assert behind["run"]["gpu_work_per_step_s"] == pytest.approx(0.002, rel=1e-3)
     assert "ran ahead" not in to_text(behind)

@@ -1,5 +1,5 @@
-"""Each finding's saving as time per step, from the same median step the report shows: saving_s in findings.json,
-and "before → ~after ms/step (≈N×)" in the terminal summary and the report."""
+"""Each finding's saving as time per step, of the step the report shows (the step at the run's pace, run.step_s):
+saving_s in findings.json, and "before → ~after ms/step (≈N×)" in the terminal summary and the report."""
 
 from __future__ import annotations
 
@@ -29,17 +29,43 @@ def half_the_step(run: Run) -> object:
     yield Finding("half of the step goes", impact=0.5, fix="none")
 
 
-def test_saving_is_the_impact_of_the_median_analysed_step(tmp_path: Path) -> None:
+def bursty(tmp_path: Path) -> Run:
+    """A loader that starves in bursts: after the window, three steps fed from its queue (20 ms), then one that
+    waits for its workers (340 ms); the step right after the window carries the trace's export (900 ms)."""
+    b = BundleBuilder(tmp_path, window=(1, 1, 4))
+    b.step(wall_s=2.0, window="waiting")
+    b.step(wall_s=0.2, window="warmup")
+    b.steps(4, wall_s=0.02)
+    b.step(wall_s=0.9, window="closed")
+    b.steps(12, wall_s=lambda i: 0.34 if i % 4 == 3 else 0.02, window="closed")
+    return b.build()
+
+
+def test_saving_is_the_impact_of_the_step_at_the_runs_pace(tmp_path: Path) -> None:
+    run = bursty(tmp_path)
+    [finding] = run_rules(run, [half_the_step]).findings
+    assert finding.saving_s == 0.05  # half of the mean step after the window, 100 ms; not of the 20 ms median
+    report = build_report(run, run_rules(run, [half_the_step]))
+    assert report["findings"][0]["saving_s"] == 0.05
+    facts = report["run"]
+    assert (facts["step_s"], facts["step_s_basis"], facts["step_s_steps"]) == (pytest.approx(0.1), "unprofiled", 12)
+    assert facts["median_step_s"] == pytest.approx(0.02)
+    text = to_text(report)
+    assert "step 100.0 ms (the mean of 12 steps after the profiling window); median step 20.0 ms" in text
+    assert "(fix saves ~50%: 100.0 → ~50.0 ms/step (≈2.0×))" in text
+    html = to_html(link_outputs(report, tmp_path))
+    assert "100.0 → ~50.0 ms/step (≈2.0×)" in html and "median step 20.0 ms: the savings are of the step" in html
+
+
+def test_with_few_steps_after_the_window_the_step_is_the_analysed_steps_mean(tmp_path: Path) -> None:
     b = BundleBuilder(tmp_path)
     b.steps(5, wall_s=lambda i: [0.08, 0.1, 0.1, 0.3, 0.12][i])
     run = b.build()
     [finding] = run_rules(run, [half_the_step]).findings
-    assert finding.saving_s == 0.05  # half of the median, 100 ms: the 300 ms step does not pull it up
-    report = build_report(run, run_rules(run, [half_the_step]))
-    assert report["findings"][0]["saving_s"] == 0.05
-    assert report["run"]["median_step_s"] == pytest.approx(0.1)
-    assert "(fix saves ~50%: 100.0 → ~50.0 ms/step (≈2.0×))" in to_text(report)
-    assert "100.0 → ~50.0 ms/step (≈2.0×)" in to_html(link_outputs(report, tmp_path))
+    assert finding.saving_s == 0.07  # half of the mean, 140 ms: the 300 ms step is a step the run took
+    facts = build_report(run, run_rules(run, [half_the_step]))["run"]
+    assert (facts["step_s"], facts["step_s_basis"], facts["step_s_steps"]) == (pytest.approx(0.14), "analysed", 5)
+    assert facts["median_step_s"] == pytest.approx(0.1)
 
 
 @rule("TEST102", "cost-unknown", category="data_starvation")

@@ -17,7 +17,7 @@ remaining idle is `host`. Steps without GPU activity in the trace have no budget
 The split is measured on the profiled steps, but a window of a few steps may catch the loader ahead or behind:
 the data wait is timed cheaply in every step, so the budget's `data_wait` is the share of every step after
 start-up (as the input-pipeline rules size their savings), the other slices scaled to fill the rest, and its
-seconds are of the step the report's savings are given against (analysis.timebase.reference_step).
+seconds are of the step the report's savings are given against (analysis.timebase.step_time).
 """
 
 from __future__ import annotations

@@ -246,9 +246,9 @@ class Run:
     @cached_property
     def budget(self) -> Budget | None:
         """The analysed steps' time budget (analysis.budget); None without GPU activity in the trace."""
-        from gpudoctor.analysis.timebase import reference_step  # timebase reads a Run: imported here, not above
+        from gpudoctor.analysis.timebase import step_time  # timebase reads a Run: imported here, not above
 
-        return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, reference_step(self).seconds)
+        return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, step_time(self).seconds)
 
     @cached_property
     def gpu_work_per_step_s(self) -> float | None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from itertools import pairwise
 
 from gpudoctor.analysis.run import Run
 from gpudoctor.analysis.steps import trace_steps
+from gpudoctor.analysis.views import Step
 from gpudoctor.bundle.events import StepSourceEvent
 
 # What each recorded source is called in findings.json (older bundles wrote "explicit" for gpudoctor.step()).
@@ -75,3 +77,40 @@ def reference_step(run: Run) -> ReferenceStep:
         return ReferenceStep(distortion.unprofiled_s, outside=True)
     steps = run.steps
     return ReferenceStep(statistics.median(s.wall_s for s in steps) if steps else None)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The time a step takes at the run's pace: what savings, "after the fix" times and speed-ups are given against.
+
+    A mean, not a median: a loader that cannot keep up starves in bursts (one long wait every few steps, the
+    steps between them fed from its queue), and a median step is then a fed one, a fraction of the pace.
+    `basis` says where it comes from: "unprofiled" (the steps after the profiling window, the first one left out:
+    it carries the profiler's stop and the trace's export), "analysed" (the analysed steps, with too few
+    un-profiled ones) or "gpu_work" (the GPU's work per step, when it takes longer: the host launched ahead of
+    the GPU, which set the pace).
+    """
+
+    seconds: float | None
+    basis: str | None = None
+    steps: int = 0  # how many steps the mean is over
+
+
+def step_time(run: Run) -> StepTime:
+    unprofiled = _unprofiled_steps(run)
+    steps, basis = (unprofiled, "unprofiled") if len(unprofiled) >= MIN_UNPROFILED_STEPS else (run.steps, "analysed")
+    if not steps:
+        return StepTime(None)
+    mean = statistics.fmean(s.wall_s for s in steps)
+    gpu_work = run.gpu_work_per_step_s
+    if gpu_work is not None and gpu_work > mean:
+        return StepTime(gpu_work, "gpu_work", len(steps))
+    return StepTime(mean, basis, len(steps))
+
+
+def _unprofiled_steps(run: Run) -> list[Step]:
+    """The steps after each profiling window but the first one (the profiler's stop and the trace's export)."""
+    if run.trace_only:
+        return []
+    steps = run.all_steps
+    return [s for before, s in pairwise(steps) if s.window == "closed" and before.window == "closed"]

@@ -48,7 +48,7 @@ class _FindingFields(TypedDict):
     title: str
     impact: float | None
     impact_reason: str | None
-    saving_s: float | None  # estimated seconds saved per step: impact x the median analysed step
+    saving_s: float | None  # estimated seconds saved per step: impact x the run's step time (run.step_s)
     evidence: list[EvidenceJson]
     location: LocationJson | None
     fix: str
@@ -148,7 +148,7 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     title: str
     impact: Share | None
     impact_reason: str | None = None
-    saving_s: Annotated[float, msgspec.Meta(ge=0)] | None = None  # impact x the median analysed step
+    saving_s: Annotated[float, msgspec.Meta(ge=0)] | None = None  # impact x the run's step time (run.step_s)
     evidence: list[Evidence]
     location: FindingLocation | None
     fix: str

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.timebase import reference_step
+from gpudoctor.analysis.timebase import step_time
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import SEVERITIES, Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
@@ -85,7 +85,7 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     not_evaluated; the others still run."""
     declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
     found = evaluate_rules(run, declared, options or {}, limits or RuleLimits())
-    findings = sized(found.findings, reference_step(run).seconds)
+    findings = sized(found.findings, step_time(run).seconds)
     claims = {r.code: r.claims for r in declared if r.claims}
     return EngineResult(rank(one_claim_per_share(_merge(findings), claims)), found.not_evaluated, found.errors)
 
@@ -145,10 +145,10 @@ def _negligible_as_info(records: list[FindingRecord]) -> list[FindingRecord]:
             for r in records]
 
 
-def _with_savings(records: list[FindingRecord], median_s: float | None) -> list[FindingRecord]:
-    """Each impact (a share of the step) also as seconds per step, of the step the report shows: the median
-    analysed step, or the median step outside a window that slowed its steps (analysis.timebase.reference_step)."""
-    if not median_s:
+def _with_savings(records: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:
+    """Each impact (a share of the step) also as seconds per step, of the step the report shows: the step at the
+    run's pace (analysis.timebase.step_time)."""
+    if not step_s:
         return records
-    return [r if r.impact is None else msgspec.structs.replace(r, saving_s=round(r.impact * median_s, 6))
+    return [r if r.impact is None else msgspec.structs.replace(r, saving_s=round(r.impact * step_s, 6))
             for r in records]

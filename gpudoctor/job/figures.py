@@ -20,7 +20,7 @@ from gpudoctor.report.document import RankJson
 @dataclass(frozen=True)
 class RankFigures:
     rank: int
-    median_step_s: float | None  # the step the rank's savings are given against (its report's median step)
+    median_step_s: float | None  # its report's median step
     data_wait_s: float | None
     collective_s: float | None  # None: the trace shows no collective
     gpu_idle_s: float | None  # None: no GPU activity measured
@@ -38,10 +38,12 @@ class RankFigures:
     exposed_before_last_backward_s: float | None = None
     collective_before_last_backward_s: float | None = None  # those all-reduces whole, overlapped or not
     backwards: int = 0  # backward() calls per step (median)
+    step_s: float | None = None  # the rank's step at its pace, which its savings are of (its report's step_s)
 
     def to_json(self) -> RankJson:
         return {
-            "rank": self.rank, "median_step_s": self.median_step_s, "data_wait_s": self.data_wait_s,
+            "rank": self.rank, "median_step_s": self.median_step_s, "step_s": self.step_s,
+            "data_wait_s": self.data_wait_s,
             "collective_s": self.collective_s, "collective_wait_s": self.collective_wait_s,
             "exposed_collective_s": self.exposed_s,
             "gpu_idle_s": self.gpu_idle_s, "steps_analysed": self.steps_analysed, "ending": self.ending,
@@ -49,13 +51,13 @@ class RankFigures:
         }
 
 
-def rank_figures(rank: int, run: Run, median_step_s: float | None, bundle: str) -> RankFigures:
+def rank_figures(rank: int, run: Run, median_step_s: float | None, step_s: float | None, bundle: str) -> RankFigures:
     steps = run.steps
     exit_info = run.manifest.exit
     collective = collective_s_per_step(run.trace, steps)
     exposed = exposed_per_step(run.trace, steps) or []
     return RankFigures(
-        rank=rank, median_step_s=median_step_s,
+        rank=rank, median_step_s=median_step_s, step_s=step_s,
         data_wait_s=_median([s.data_wait_s for s in steps]),
         collective_s=_median(collective or []),
         collective_by_step={s.index: c for s, c in zip(steps, collective)} if collective else {},

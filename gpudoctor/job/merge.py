@@ -67,7 +67,8 @@ def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDi
     report = build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules},
                           diagnosis.windows)
     write_outputs(report, bundle)
-    figures = rank_figures(number, diagnosis.run, report["run"]["median_step_s"], os.fspath(bundle))
+    figures = rank_figures(number, diagnosis.run, report["run"]["median_step_s"], report["run"]["step_s"],
+                           os.fspath(bundle))
     return RankDiagnosis(RankRun(number, diagnosis.run, figures, diagnosis.result.findings), diagnosis.result, report)
 
 
@@ -79,7 +80,7 @@ def _with_waits(job: Job) -> Job:
 def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:
     """The job's rules (scope "job"), each in isolation as a run's rules are, their savings of the job's step."""
     found = evaluate_rules(job, [r for r in prepared.rules if r.scope == "job"], prepared.options, prepared.limits)
-    return EngineResult(sized(found.findings, job.step_s), found.not_evaluated, found.errors)
+    return EngineResult(sized(found.findings, job.pace_s), found.not_evaluated, found.errors)
 
 
 def merged_findings(job: Job, result: EngineResult, rank_results: Sequence[EngineResult]) -> EngineResult:

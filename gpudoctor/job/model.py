@@ -34,5 +34,10 @@ class Job:
         """The job's step: the slowest rank's median (under DDP the ranks' medians differ only by noise)."""
         return max((r.figures.median_step_s for r in self.ranks if r.figures.median_step_s), default=None)
 
+    @property
+    def pace_s(self) -> float | None:
+        """The job's step at its pace, which savings are of: the slowest rank's step time (the others wait for it)."""
+        return max((r.figures.step_s for r in self.ranks if r.figures.step_s), default=None)
+
     def rank(self, number: int) -> RankRun:
         return next(r for r in self.ranks if r.rank == number)

@@ -1,4 +1,4 @@
-"""Two runs compared: the median step before and after, the speed-up, and each finding resolved, new or remaining.
+"""Two runs compared: the step time before and after, the speed-up, and each finding resolved, new or remaining.
 
 Pure analysis over findings.json's records (gpudoctor.bundle.findings): gpudoctor.diffing reads the runs, and
 report.diff_render formats the result as text, JSON or HTML. A finding in one run is the same finding in the other
@@ -25,7 +25,7 @@ Source = Literal["findings.json", "analysed"]  # read from the run's findings.js
 
 @dataclass(frozen=True)
 class RunFindings:
-    """One run as the comparison sees it: where it was read from, its median step and its findings, ranked."""
+    """One run as the comparison sees it: where it was read from, its step times and its findings, ranked."""
 
     path: str  # as the user named it
     source: Source
@@ -33,6 +33,13 @@ class RunFindings:
     median_step_s: float | None  # None: no step was measured
     steps_analysed: int
     findings: tuple[FindingRecord, ...]
+    step_s: float | None = None  # the step at the run's pace (findings.json's run.step_s); None in an older one
+
+    @property
+    def pace_s(self) -> float | None:
+        """The step the speed-up is of: the step time, or the median step of a findings.json written before it.
+        A median alone misleads on a loader that starves in bursts: its median step is a fed one."""
+        return self.step_s if self.step_s is not None else self.median_step_s
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class Remaining:
 class RunDiff:
     before: RunFindings
     after: RunFindings
-    speedup: float | None  # before's median step / after's: above 1 is faster; None when either is not measured
+    speedup: float | None  # before's step time / after's: above 1 is faster; None when either is not measured
     resolved: tuple[FindingRecord, ...]  # in before only, in before's order
     new: tuple[FindingRecord, ...]  # in after only, in after's order
     remaining: tuple[Remaining, ...]  # in both, in after's order
@@ -59,7 +66,7 @@ def canonical_codes(rules: Iterable[Rule]) -> dict[str, str]:
 
 
 def speedup(before_s: float | None, after_s: float | None) -> float | None:
-    """How many times faster the later median step is; None when either was not measured (or is zero)."""
+    """How many times faster the later step is; None when either was not measured (or is zero)."""
     if before_s is None or after_s is None or before_s <= 0 or after_s <= 0:
         return None
     return before_s / after_s
@@ -104,7 +111,7 @@ def compare(before: RunFindings, after: RunFindings, canonical: Mapping[str, str
     pairs = _matches(before.findings, after.findings, canonical or {})
     matched = set(pairs.values())
     return RunDiff(
-        before=before, after=after, speedup=speedup(before.median_step_s, after.median_step_s),
+        before=before, after=after, speedup=speedup(before.pace_s, after.pace_s),
         resolved=tuple(f for i, f in enumerate(before.findings) if i not in matched),
         new=tuple(f for i, f in enumerate(after.findings) if i not in pairs),
         remaining=tuple(Remaining(before.findings[pairs[i]], f) for i, f in enumerate(after.findings) if i in pairs),

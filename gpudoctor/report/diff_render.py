@@ -32,6 +32,7 @@ class DiffRunJson(TypedDict):
     source: Source
     command: str | None
     median_step_s: float | None
+    step_s: float | None  # the step the speed-up is of (findings.json's run.step_s, or its median step before it)
     steps_analysed: int
     findings: int
 
@@ -79,7 +80,7 @@ def diff_schema() -> Path:
 
 def _run_json(run: RunFindings) -> DiffRunJson:
     return {"path": run.path, "source": run.source, "command": run.command, "median_step_s": run.median_step_s,
-            "steps_analysed": run.steps_analysed, "findings": len(run.findings)}
+            "step_s": run.pace_s, "steps_analysed": run.steps_analysed, "findings": len(run.findings)}
 
 
 def _side(record: FindingRecord | None) -> DiffSideJson | None:
@@ -116,7 +117,7 @@ def diff_to_json(diff: RunDiff) -> str:
 
 # -- text -------------------------------------------------------------------------------------------------
 def speed_trend(speedup: float | None) -> str:
-    """faster, slower, same (within SAME_SPEED) or unknown (a median step not measured)."""
+    """faster, slower, same (within SAME_SPEED) or unknown (a step time not measured)."""
     if speedup is None:
         return "unknown"
     if abs(speedup - 1) < SAME_SPEED:
@@ -125,7 +126,7 @@ def speed_trend(speedup: float | None) -> str:
 
 
 def speed_phrase(speedup: float | None) -> str:
-    """'2.09x faster', '1.25x slower', 'the same speed'; 'speed-up unknown' when a median was not measured."""
+    """'2.09x faster', '1.25x slower', 'the same speed'; 'speed-up unknown' when a step time was not measured."""
     trend = speed_trend(speedup)
     if speedup is None or trend == "unknown":
         return "speed-up unknown"
@@ -177,9 +178,11 @@ def _section(name: str, lines: list[str]) -> list[str]:
 
 
 def diff_to_text(diff: RunDiff) -> str:
-    """A few lines a person reads: the median steps and the speed-up, then the findings resolved, new, remaining."""
+    """A few lines a person reads: the step times, the speed-up and the median steps, then the findings resolved,
+    new and remaining."""
+    steps = f"{_median(diff.before.pace_s)} -> {_median(diff.after.pace_s)}"
     medians = f"{_median(diff.before.median_step_s)} -> {_median(diff.after.median_step_s)}"
-    lines = [f"median step {medians} ({speed_phrase(diff.speedup)})"]
+    lines = [f"step {steps} ({speed_phrase(diff.speedup)}); median step {medians}"]
     lines += _section("resolved", [_resolved_line(f) for f in diff.resolved])
     lines += _section("new", [_new_line(f) for f in diff.new])
     lines += _section("remaining", [_remaining_line(pair) for pair in diff.remaining])

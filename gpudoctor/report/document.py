@@ -65,10 +65,13 @@ class _RunFields(TypedDict):
     steps_total: int
     steps_analysed: int
     median_step_s: float | None
+    step_s: float | None  # the step at the run's pace: savings and speed-ups are of it (analysis.timebase.step_time)
+    step_s_basis: str | None  # unprofiled, analysed or gpu_work
+    step_s_steps: int
     step_source: str | None  # marker, optimizer, backward, dataloader, forward, profiler_step
     window_distortion: float | None  # median profiled step over the median step outside the windows
     window_distortion_reason: str | None
-    median_step_outside_window: bool  # median_step_s (and the savings) from the steps outside a distorting window
+    median_step_outside_window: bool  # median_step_s from the steps outside a distorting window
     gpu_work_per_step_s: float | None  # the GPU's work for one analysed step, from the trace (None without one)
     host_ran_ahead: bool  # the GPU's work per step took longer than the host's mean step after start-up
     ending: str | None
@@ -97,7 +100,7 @@ class HostLineJson(TypedDict):
 
 
 class BudgetJson(TypedDict):
-    step_s: float  # the mean analysed step
+    step_s: float  # the run's step time (run.step_s)
     steps: int
     slices: list[BudgetSliceJson]
 
@@ -108,6 +111,7 @@ class RankJson(TypedDict):
 
     rank: int
     median_step_s: float | None
+    step_s: float | None  # the rank's step at its pace (its report's step_s)
     data_wait_s: float | None
     collective_s: float | None
     collective_wait_s: float | None

@@ -28,7 +28,7 @@ from urllib.parse import quote
 from gpudoctor import __version__
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.summary import PhaseTime, breakdown
-from gpudoctor.analysis.timebase import reference_step, step_source, window_distortion
+from gpudoctor.analysis.timebase import reference_step, step_source, step_time, window_distortion
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle import SCHEMA_VERSION
@@ -187,7 +187,7 @@ def _window_settings(window: WindowSettings | None) -> WindowSettingsJson | None
 
 def _run_facts(run: Run) -> RunFacts:
     manifest, env, steps = run.manifest, run.env, run.steps
-    distortion, reference = window_distortion(run), reference_step(run)
+    distortion, reference, pace = window_distortion(run), reference_step(run), step_time(run)
     target, exit_info = manifest.target, manifest.exit
     return {
         "script": target.module or target.script, "module": bool(target.module),
@@ -196,7 +196,8 @@ def _run_facts(run: Run) -> RunFacts:
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
         "gpus": [g.name for g in env.gpus], "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
-        "median_step_s": reference.seconds, "step_source": step_source(run),
+        "median_step_s": reference.seconds, "step_s": _seconds_or_none(pace.seconds), "step_s_basis": pace.basis,
+        "step_s_steps": pace.steps, "step_source": step_source(run),
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
         "median_step_outside_window": reference.outside,
         "gpu_work_per_step_s": _seconds_or_none(run.gpu_work_per_step_s),

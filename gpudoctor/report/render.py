@@ -56,6 +56,9 @@ def _environment() -> jinja2.Environment:
     env.filters["elapsed"] = elapsed
     env.globals["step_after"] = step_after
     env.globals["host_ran_ahead"] = host_ran_ahead
+    env.globals["step_of"] = step_of
+    env.globals["step_time"] = step_time
+    env.globals["median_step"] = median_step
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
@@ -113,16 +116,52 @@ def host_ran_ahead(run: RunFacts) -> bool:
     return bool(run.get("host_ran_ahead")) and run.get("gpu_work_per_step_s") is not None
 
 
+STEP_BASIS_WORDS = {"unprofiled": "the mean of {n} steps after the profiling window",
+                    "analysed": "the mean of {n} analysed steps",
+                    "gpu_work": "the GPU's work per step: the host ran ahead of it"}
+MEDIAN_APART = 1.25  # a median step this far from the step time is shown beside it
+
+
+def step_of(run: RunFacts) -> float | None:
+    """The step the savings are of: the step time, or the median step of a findings.json written before it."""
+    step = run.get("step_s")
+    return step if step is not None else run.get("median_step_s")
+
+
+def step_time(run: RunFacts) -> str | None:
+    """'82.2 ms (the mean of 22 steps after the profiling window)'; None when no step was measured (or for a
+    findings.json written before the step time, whose median step is its step)."""
+    step, basis = run.get("step_s"), run.get("step_s_basis")
+    if step is None:
+        return None
+    words = STEP_BASIS_WORDS.get(basis or "")
+    return seconds(step) + (f" ({words.format(n=run.get('step_s_steps', 0))})" if words else "")
+
+
+def median_step(run: RunFacts) -> str | None:
+    """'median step 2.1 ms' beside the step time where the two are far apart (a bursty loader's fed steps), or
+    alone in a findings.json written before the step time; None otherwise."""
+    step, median = run.get("step_s"), run.get("median_step_s")
+    if median is None or (step and 1 / MEDIAN_APART <= median / step <= MEDIAN_APART):
+        return None
+    return f"median step {seconds(median)}" + (" (outside the window)" if run.get("median_step_outside_window")
+                                               else "")
+
+
+def step_facts(run: RunFacts) -> list[str]:
+    """'step 82.2 ms (the mean of 22 steps after the profiling window)', then the median step where shown."""
+    shown = step_time(run)
+    return [text for text in (shown and f"step {shown}", median_step(run)) if text]
+
+
 def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> str:
     """The one-screen terminal summary."""
     run = report["run"]
     lines = [f"gpudoctor: {report['summary']['verdict']}"]
     facts = [f"{run['steps_analysed']} steps analysed"]
-    if run.get("median_step_s") is not None:
-        where = " (outside the window)" if run.get("median_step_outside_window") else ""
-        facts.append(f"median step {seconds(run['median_step_s'])}{where}")
-        if host_ran_ahead(run):
-            facts.append(f"the GPU's work takes {seconds(run['gpu_work_per_step_s'])} a step: the host ran ahead of it")
+    facts += step_facts(run)
+    if host_ran_ahead(run) and run.get("step_s_basis") != "gpu_work":
+        facts.append(f"the GPU's work takes {seconds(run['gpu_work_per_step_s'])} a step: the host ran ahead of it")
     if run.get("step_source"):
         facts.append(f"steps marked by {run['step_source']}")
     if run.get("window_distortion") is not None:
@@ -138,7 +177,7 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         charted = next((w["index"] for w in windows if w["charted"]), None)
         lines.append(f"  {len(windows)} profiling windows; the figures below are from window #{charted}")
     for finding in report["findings"][:limit]:
-        after = step_after(run.get("median_step_s"), finding.get("saving_s"))
+        after = step_after(step_of(run), finding.get("saving_s"))
         impact = ""
         if finding.get("impact"):
             impact = f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"

@@ -37,13 +37,13 @@ def number(value: float | None, unit: str = "") -> str:
     return f"{text}{'%' if unit == '%' else (' ' + unit if unit else '')}"
 
 
-def step_after(median_s: float | None, saving_s: float | None) -> str:
+def step_after(step_s: float | None, saving_s: float | None) -> str:
     """What a fix would make of the step: '35.7 → ~17.1 ms/step (≈2.1×)'; empty when either is unknown."""
-    if not median_s or saving_s is None:
+    if not step_s or saving_s is None:
         return ""
-    after = max(median_s - saving_s, 0.0)
-    speedup = f"≈{median_s / after:.1f}×" if after > 0 else "all of it"
-    before, later = seconds(median_s), seconds(after)
+    after = max(step_s - saving_s, 0.0)
+    speedup = f"≈{step_s / after:.1f}×" if after > 0 else "all of it"
+    before, later = seconds(step_s), seconds(after)
     if before.endswith(" ms") and later.endswith(" ms"):
         before = before.removesuffix(" ms")
     return f"{before} → ~{later}/step ({speedup})"
