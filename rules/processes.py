@@ -202,13 +202,18 @@ def _contention_share(run: Run, other_share: float, delay: float | None, other_o
     """The share of the step other programs cost: the loader's wait for data (or, with a GPU timeline, the GPU's
     idle time) in proportion to the cores they take, plus the time the main thread waited for a core, in
     proportion to the busy CPU they take (the job's own processes delay it too). With a GPU timeline, at most
-    the GPU's idle share: a delayed host costs the step nothing while the GPU has queued work."""
+    the step's budget slices that a host short of CPU can cost (waiting for data, host-side work, unexplained):
+    a delayed host costs the step nothing while the GPU has queued work."""
     host_bound = _host_bound_share(run)
     waiting = None if host_bound is None else host_bound * min(1.0, other_share)
     if delay is None:
         return waiting
-    idle = run.gpu_idle_share
-    return min(1.0 if idle is None else idle, (waiting or 0.0) + delay * other_of_busy)
+    budget = run.budget
+    if budget is not None:
+        cap = budget.share_of("cpu_contention")
+    else:
+        cap = run.gpu_idle_share if run.gpu_idle_share is not None else 1.0
+    return min(cap, (waiting or 0.0) + delay * other_of_busy)
 
 
 @rule("GD505", "intra-op-threads-exceed-free-cores", category="cpu_oversubscription")

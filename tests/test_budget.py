@@ -10,9 +10,10 @@ import pytest
 
 from conftest import REPO, script
 from gpudoctor.analysis import Run
+from gpudoctor.analysis.budget import SLICES_OF_CATEGORY
 from gpudoctor.analysis.views import Location
 from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
-from gpudoctor.report.budget import SLICES_OF_CATEGORY, host_lines_json
+from gpudoctor.report.budget import host_lines_json
 from gpudoctor.testing import BundleBuilder
 
 BUNDLES = REPO / "fixtures" / "bundles"

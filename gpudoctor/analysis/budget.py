@@ -43,6 +43,16 @@ SLICE_LABELS = {
 }
 
 
+# The slices of the budget a finding's saving is made of, by its category: a blocking device-to-host copy is a
+# sync too; threads that serialize on the GIL, or a host short of CPU, slow whatever the host does.
+SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
+    "data_starvation": ("data_wait",), "cpu_oversubscription": ("data_wait",), "blocking_copy": ("copy", "sync"),
+    "sync_point": ("sync",), "small_batch": ("host", "unexplained"),
+    "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
+    "straggler": ("collective",), "communication": ("collective",),
+}
+
+
 @dataclass(frozen=True)
 class Slice:
     name: str  # one of SLICES
@@ -52,12 +62,17 @@ class Slice:
 
 @dataclass(frozen=True)
 class Budget:
-    step_s: float  # the mean analysed step
+    step_s: float  # the run's step time (analysis.timebase.step_time)
     steps: int
     slices: tuple[Slice, ...]  # every slice of SLICES, in order, zero ones included
 
     def seconds(self, name: str) -> float:
         return next(s.seconds for s in self.slices if s.name == name)
+
+    def share_of(self, category: str) -> float:
+        """The share of the step in the slices a finding of `category` claims (SLICES_OF_CATEGORY)."""
+        names = SLICES_OF_CATEGORY.get(category, ())
+        return sum(s.share for s in self.slices if s.name in names)
 
 
 def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | None,

@@ -5,20 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gpudoctor.analysis.budget import SLICE_LABELS, Budget
+from gpudoctor.analysis.budget import SLICE_LABELS, SLICES_OF_CATEGORY, Budget
 from gpudoctor.analysis.views import Location
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.report.document import BudgetJson, HostLineJson
-
-# The slices of the budget a finding's saving is made of, by its category: a blocking device-to-host copy is a
-# sync too; threads that serialize on the GIL, or a host short of CPU, slow whatever the host does.
-SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
-    "data_starvation": ("data_wait",), "cpu_oversubscription": ("data_wait",), "blocking_copy": ("copy", "sync"),
-    "sync_point": ("sync",), "small_batch": ("host", "unexplained"),
-    "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
-    "straggler": ("collective",), "communication": ("collective",),
-}
-
 
 MAX_HOST_LINES = 5
 
