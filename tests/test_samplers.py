@@ -333,3 +333,13 @@ def test_only_the_latest_windows_stay_raw(tmp_path) -> None:
     assert sum(end - start for start, end in spans) <= KEEP_RAW_S
     assert spans[-1] == (999 * 600.0 - WINDOW_MARGIN_S, 999 * 600.0 + 2.0 + WINDOW_MARGIN_S)  # the latest
     assert len(spans) == int(KEEP_RAW_S // (2.0 + 2 * WINDOW_MARGIN_S))
+
+
+def test_the_run_delay_is_read_from_a_schedstat_line() -> None:
+    from gpudoctor.collect.procfiles import run_delay_seconds
+
+    assert run_delay_seconds(b"44806423 2500000000 134\n") == 2.5  # nanoseconds waiting for a CPU
+    assert run_delay_seconds(b"") is None and run_delay_seconds(b"12 x 3") is None
+    schedstat = Path("/proc/self/schedstat")
+    if schedstat.exists():  # a kernel built with scheduler statistics: the line parses
+        assert isinstance(run_delay_seconds(schedstat.read_bytes()), float)

@@ -12,6 +12,13 @@ PID_READ_SIZE = 8192  # first read size for a /proc/PID file (stat, status and c
 PROCFS = sys.platform.startswith("linux") and os.path.isdir("/proc/self/task")
 
 
+def run_delay_seconds(schedstat: bytes) -> float | None:
+    """The run delay in a /proc/PID/schedstat line ("on-CPU, waiting for a CPU, timeslices", in nanoseconds): the
+    seconds the thread was ready to run but waited for a core. None for a line that does not have it."""
+    fields = schedstat.split()
+    return int(fields[1]) / 1e9 if len(fields) > 1 and fields[1].isdigit() else None
+
+
 def held_files_budget() -> int:
     import resource  # POSIX only
 

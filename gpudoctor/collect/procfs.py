@@ -16,7 +16,7 @@ from collections import defaultdict
 import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
-from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file
+from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file, run_delay_seconds
 
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
 NEW_PIDS_MAX = 32  # more new pids than this since the last sample are left to the next walk of the tree
@@ -245,13 +245,12 @@ class TrackedProcess:
         )
 
     def _run_delay(self) -> float | None:
-        """The main thread's run delay: /proc/PID/schedstat is the thread group leader's "on-CPU, waiting for
-        a CPU, timeslices" in nanoseconds."""
+        """The main thread's run delay: /proc/PID/schedstat is the thread group leader's."""
         if self._schedstat is None:
             return None
         try:
-            return int(self._schedstat.read().split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
+            return run_delay_seconds(self._schedstat.read())
+        except OSError:
             return None
 
     def _list_threads(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
+from gpudoctor.collect.procfiles import run_delay_seconds
 
 
 class PsutilHost:
@@ -66,6 +67,6 @@ def _run_delay(pid: int) -> float | None:
     """The main thread's run delay from Linux's /proc/PID/schedstat, where there is one (psutil has no reader)."""
     try:
         with open(f"/proc/{pid}/schedstat", "rb") as file:
-            return int(file.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+            return run_delay_seconds(file.read())
+    except OSError:
         return None

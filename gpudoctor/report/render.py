@@ -57,8 +57,8 @@ def _environment() -> jinja2.Environment:
     env.globals["step_after"] = step_after
     env.globals["host_ran_ahead"] = host_ran_ahead
     env.globals["step_of"] = step_of
-    env.globals["step_time"] = step_time
-    env.globals["median_step"] = median_step
+    env.globals["step_time_text"] = step_time_text
+    env.globals["median_step_text"] = median_step_text
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
@@ -128,7 +128,7 @@ def step_of(run: RunFacts) -> float | None:
     return step if step is not None else run.get("median_step_s")
 
 
-def step_time(run: RunFacts) -> str | None:
+def step_time_text(run: RunFacts) -> str | None:
     """'82.2 ms (the mean of 22 steps after the profiling window)'; None when no step was measured (or for a
     findings.json written before the step time, whose median step is its step)."""
     step, basis = run.get("step_s"), run.get("step_s_basis")
@@ -138,7 +138,7 @@ def step_time(run: RunFacts) -> str | None:
     return seconds(step) + (f" ({words.format(n=run.get('step_s_steps', 0))})" if words else "")
 
 
-def median_step(run: RunFacts) -> str | None:
+def median_step_text(run: RunFacts) -> str | None:
     """'median step 2.1 ms' beside the step time where the two are far apart (a bursty loader's fed steps), or
     alone in a findings.json written before the step time; None otherwise."""
     step, median = run.get("step_s"), run.get("median_step_s")
@@ -150,8 +150,8 @@ def median_step(run: RunFacts) -> str | None:
 
 def step_facts(run: RunFacts) -> list[str]:
     """'step 82.2 ms (the mean of 22 steps after the profiling window)', then the median step where shown."""
-    shown = step_time(run)
-    return [text for text in (shown and f"step {shown}", median_step(run)) if text]
+    shown = step_time_text(run)
+    return [text for text in (shown and f"step {shown}", median_step_text(run)) if text]
 
 
 def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> str:
