@@ -35,9 +35,14 @@ class Job:
         return max((r.figures.median_step_s for r in self.ranks if r.figures.median_step_s), default=None)
 
     @property
+    def paced_rank(self) -> RankRun:
+        """The rank with the longest step time, which the others wait for (the first one when none was measured)."""
+        return max(self.ranks, key=lambda r: r.figures.step_s or 0.0)
+
+    @property
     def pace_s(self) -> float | None:
-        """The job's step at its pace, which savings are of: the slowest rank's step time (the others wait for it)."""
-        return max((r.figures.step_s for r in self.ranks if r.figures.step_s), default=None)
+        """The job's step at its pace, which savings are of: the slowest rank's step time."""
+        return self.paced_rank.figures.step_s or None
 
     def rank(self, number: int) -> RankRun:
         return next(r for r in self.ranks if r.rank == number)

@@ -18,16 +18,11 @@ from gpudoctor.report.model import finding_cards
 FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
 
 
-def _slowest(job: Job) -> int:
-    """The rank with the longest step time (the first rank when none was measured)."""
-    return max(job.ranks, key=lambda r: r.figures.step_s or 0.0).rank
-
-
 def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: EngineResult, docs: Mapping[str, str],
                      out_dir: Path, unreadable: list[NotMeasuredRow]) -> Report:
     base = rank_reports[job.ranks[0].rank]
     not_measured = [*unreadable, *base["not_measured"]]
-    paced = rank_reports[_slowest(job)]["run"]  # the rank whose step time is the job's
+    paced = rank_reports[job.paced_rank.rank]["run"]  # the rank whose step time is the job's
     run: RunFacts = {**base["run"], "median_step_s": job.step_s, "step_s": job.pace_s,
                      "step_s_basis": paced["step_s_basis"], "step_s_steps": paced["step_s_steps"],
                      "world_size": job.world_size,

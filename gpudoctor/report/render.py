@@ -56,7 +56,6 @@ def _environment() -> jinja2.Environment:
     env.filters["elapsed"] = elapsed
     env.globals["step_after"] = step_after
     env.globals["host_ran_ahead"] = host_ran_ahead
-    env.globals["step_of"] = step_of
     env.globals["step_time_text"] = step_time_text
     env.globals["median_step_text"] = median_step_text
     env.filters["code_spans"] = _code_spans
@@ -122,27 +121,19 @@ STEP_BASIS_WORDS = {"unprofiled": "the mean of {n} steps after the profiling win
 MEDIAN_APART = 1.25  # a median step this far from the step time is shown beside it
 
 
-def step_of(run: RunFacts) -> float | None:
-    """The step the savings are of: the step time, or the median step of a findings.json written before it."""
-    step = run.get("step_s")
-    return step if step is not None else run.get("median_step_s")
-
-
 def step_time_text(run: RunFacts) -> str | None:
-    """'82.2 ms (the mean of 22 steps after the profiling window)'; None when no step was measured (or for a
-    findings.json written before the step time, whose median step is its step)."""
-    step, basis = run.get("step_s"), run.get("step_s_basis")
+    """'82.2 ms (the mean of 22 steps after the profiling window)'; None when no step was measured."""
+    step, basis = run["step_s"], run["step_s_basis"]
     if step is None:
         return None
     words = STEP_BASIS_WORDS.get(basis or "")
-    return seconds(step) + (f" ({words.format(n=run.get('step_s_steps', 0))})" if words else "")
+    return seconds(step) + (f" ({words.format(n=run['step_s_steps'])})" if words else "")
 
 
 def median_step_text(run: RunFacts) -> str | None:
-    """'median step 2.1 ms' beside the step time where the two are far apart (a bursty loader's fed steps), or
-    alone in a findings.json written before the step time; None otherwise."""
-    step, median = run.get("step_s"), run.get("median_step_s")
-    if median is None or (step and 1 / MEDIAN_APART <= median / step <= MEDIAN_APART):
+    """'median step 2.1 ms' where it is far from the step time (a bursty loader's fed steps); None otherwise."""
+    step, median = run["step_s"], run["median_step_s"]
+    if not step or median is None or 1 / MEDIAN_APART <= median / step <= MEDIAN_APART:
         return None
     return f"median step {seconds(median)}" + (" (outside the window)" if run.get("median_step_outside_window")
                                                else "")
@@ -177,7 +168,7 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         charted = next((w["index"] for w in windows if w["charted"]), None)
         lines.append(f"  {len(windows)} profiling windows; the figures below are from window #{charted}")
     for finding in report["findings"][:limit]:
-        after = step_after(step_of(run), finding.get("saving_s"))
+        after = step_after(run["step_s"], finding.get("saving_s"))
         impact = ""
         if finding.get("impact"):
             impact = f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
