@@ -13,7 +13,11 @@ from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY
 from gpudoctor.analysis.views import Location
 from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
+from gpudoctor.engine import EngineResult
+from gpudoctor.report import build_report
 from gpudoctor.report.budget import host_lines_json
+from gpudoctor.report.model import link_outputs
+from gpudoctor.report.render import to_html, to_text
 from gpudoctor.testing import BundleBuilder
 
 BUNDLES = REPO / "fixtures" / "bundles"
@@ -45,6 +49,53 @@ def test_each_idle_gap_goes_to_one_cause(tmp_path) -> None:
     shares = {s.name: s.share for s in budget.slices}
     assert shares == pytest.approx({"gpu_busy": 0.4, "collective": 0.0, "data_wait": 0.2, "sync": 0.2, "copy": 0.0,
                                     "host": 0.1, "unexplained": 0.1}, abs=1e-6)
+
+
+def test_the_profilers_own_cost_is_left_out_of_the_slices(tmp_path) -> None:
+    # Profiled steps of 10 ms: the GPU computes 4 ms, the host launches for the other 6 (a gap with a launch
+    # in it). After the window the same steps take 6 ms: 4 ms of each profiled step was the profiler's cost.
+    b = BundleBuilder(tmp_path, window=(1, 0, 5))
+    b.step(wall_s=0.5, window="waiting")
+    for step in b.steps(5, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004)])
+        b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
+    b.step(wall_s=0.2, window="closed")  # the trace's export
+    b.steps(8, wall_s=0.006, window="closed")
+    budget = b.build().budget
+    assert budget is not None
+    assert budget.step_s == pytest.approx(0.006)
+    assert budget.profiler_s == pytest.approx(0.004)
+    shares = {s.name: s.share for s in budget.slices}
+    assert shares["gpu_busy"] == pytest.approx(4 / 6) and shares["host"] == pytest.approx(2 / 6)
+    assert budget.idle_share == pytest.approx(2 / 6)
+
+
+def test_the_report_says_what_the_profiler_cost(tmp_path) -> None:
+    b = BundleBuilder(tmp_path, window=(1, 0, 5))
+    b.step(wall_s=0.5, window="waiting")
+    for step in b.steps(5, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004)])
+        b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
+    b.step(wall_s=0.2, window="closed")
+    b.steps(8, wall_s=0.006, window="closed")
+    report = build_report(b.build(), EngineResult([], [], []))
+    assert report["run"]["budget"]["profiler_s"] == pytest.approx(0.004)
+    assert "the profiler's own 4.0 ms of each profiled step left out" in to_text(report)
+    html = to_html(link_outputs(report, tmp_path))
+    assert "The profiled steps ran 4.0 ms longer each than a step at the run's pace" in html
+
+
+def test_a_window_that_cost_nothing_keeps_its_slices(tmp_path) -> None:
+    b = BundleBuilder(tmp_path, window=(1, 0, 5))
+    b.step(wall_s=0.5, window="waiting")
+    for step in b.steps(5, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004)])
+        b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
+    b.step(wall_s=0.2, window="closed")
+    b.steps(8, wall_s=0.011, window="closed")  # slower outside the window: the program's pace, not the profiler
+    budget = b.build().budget
+    assert budget is not None and budget.profiler_s == 0.0
+    assert {s.name: s.share for s in budget.slices}["host"] == pytest.approx(0.6)
 
 
 def test_no_gpu_activity_no_budget(tmp_path) -> None:
@@ -84,7 +135,12 @@ def test_recorded_pathologies_land_in_their_slices() -> None:
     assert _shares("data_starvation_bad")["data_wait"] > 0.8
     assert _shares("blocking_copy_bad")["copy"] > 0.6  # the twin that pins its batches measured 63% faster
     assert 0.10 < _shares("sync_point_bad")["sync"] < 0.20  # its fixed twin measured 16% faster
-    assert _shares("small_batch_bad")["host"] > 0.5
+    # small_batch_bad's profiled steps took 8.0 ms, its steps outside the window 3.4 ms: the GPU's 2.3 ms of kernels
+    # are 70% of a step at the run's pace, and the host-side idle the profiler inflated to 65% is 16%.
+    small = _shares("small_batch_bad")
+    assert small["gpu_busy"] > 0.6 and 0.1 < small["host"] + small["unexplained"] < 0.4
+    assert _report("small_batch_bad")["run"]["budget"]["profiler_s"] > 0.004
+    assert _shares("healthy_transformer")["host"] < 0.05  # 32% of the profiled step: all of it the profiler's
     assert _shares("healthy_inference")["gpu_busy"] > 0.9
     assert _shares("blocking_copy_prefetch")["copy"] < 0.1
 

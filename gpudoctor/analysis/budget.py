@@ -18,6 +18,13 @@ The split is measured on the profiled steps, but a window of a few steps may cat
 the data wait is timed cheaply in every step, so the budget's `data_wait` is the share of every step after
 start-up (as the input-pipeline rules size their savings), the other slices scaled to fill the rest, and its
 seconds are of the step the report's savings are given against (analysis.timebase.step_time).
+
+The profiler slows the steps it records: CUPTI's records cost every CUDA call on the host, 1.3x to 1.7x on a
+launch-bound step for as long as it is on (bench/window_warmup.py, docs/performance.md), and the GPU idles the
+longer between launches. When that step is the mean of the steps after the window, the profiled steps' excess
+over it, past their wait for data, is that cost (`profiler_s`): it is taken out of the host-side slices
+(PROFILER_COST_FROM, in order) before the rest is scaled to the step, so that no slice, and no finding made of
+one, describes the profiler.
 """
 
 from __future__ import annotations
@@ -53,6 +60,14 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
 }
 
 
+# The slices in which the GPU idles (a blocking copy's slice also holds copies with no kernel beside them).
+IDLE_SLICES = ("data_wait", "sync", "host", "unexplained")
+
+# The slices the profiler's own cost is taken from, in order: CUPTI slows the host's CUDA calls, so the GPU idles
+# longer while the host launches; then the other idle the host's pace decides.
+PROFILER_COST_FROM = ("host", "unexplained", "sync", "copy")
+
+
 @dataclass(frozen=True)
 class Slice:
     name: str  # one of SLICES
@@ -65,9 +80,17 @@ class Budget:
     step_s: float  # the run's step time (analysis.timebase.step_time)
     steps: int
     slices: tuple[Slice, ...]  # every slice of SLICES, in order, zero ones included
+    # How much longer each profiled step ran, past its wait for data, than a step at the run's pace: the
+    # profiler's own cost, left out of the slices (0 when the step is not timed outside the window).
+    profiler_s: float = 0.0
 
     def seconds(self, name: str) -> float:
         return next(s.seconds for s in self.slices if s.name == name)
+
+    @property
+    def idle_share(self) -> float:
+        """The share of the step the GPU idles (IDLE_SLICES)."""
+        return sum(s.share for s in self.slices if s.name in IDLE_SLICES)
 
     def share_of(self, category: str) -> float:
         """The share of the step in the slices a finding of `category` claims (SLICES_OF_CATEGORY)."""
@@ -76,9 +99,11 @@ class Budget:
 
 
 def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | None,
-                steady_wait_share: float | None = None, step_s: float | None = None) -> Budget | None:
+                steady_wait_share: float | None = None, step_s: float | None = None,
+                outside_window: bool = False) -> Budget | None:
     """The budget of the steps that lie on the trace with GPU activity (None when there is none), with the data
-    wait of every step after start-up (`steady_wait_share`) and in seconds of `step_s` when given."""
+    wait of every step after start-up (`steady_wait_share`) and in seconds of `step_s` when given; when `step_s`
+    was timed on the steps outside the profiling window (`outside_window`), without the profiler's own cost."""
     if gpu is None or trace is None:
         return None
     placed = [s for s in steps if s.gpu_busy_s is not None]
@@ -91,7 +116,11 @@ def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | N
     if steady_wait_share is not None:
         shares = _with_wait_share(shares, steady_wait_share)
     step = step_s or mean_step
-    return Budget(step, len(placed), tuple(Slice(name, shares[name] * step, shares[name]) for name in SLICES))
+    profiler_s = 0.0
+    if outside_window and step < mean_step:
+        shares, profiler_s = _without_profiler_cost(shares, mean_step, step)
+    return Budget(step, len(placed), tuple(Slice(name, shares[name] * step, shares[name]) for name in SLICES),
+                  profiler_s)
 
 
 def idle_in_syncs(steps: Sequence[Step], gpu: GpuView, trace: TraceData) -> float:
@@ -108,6 +137,26 @@ def _with_wait_share(shares: dict[str, float], wait: float) -> dict[str, float]:
         return shares
     scale = (1.0 - wait) / rest
     return {name: wait if name == "data_wait" else share * scale for name, share in shares.items()}
+
+
+def _without_profiler_cost(shares: dict[str, float], profiled_s: float,
+                           step_s: float) -> tuple[dict[str, float], float]:
+    """The shares of a step at the run's pace (`step_s`) from those of the longer profiled step (`profiled_s`), and
+    the seconds of each profiled step taken out as the profiler's own: the excess past the data wait, out of the
+    slices of PROFILER_COST_FROM in order; what is left of the other slices is scaled to fill the step."""
+    wait = shares["data_wait"]
+    seconds = {name: share * profiled_s for name, share in shares.items() if name != "data_wait"}
+    excess = (1.0 - wait) * (profiled_s - step_s)
+    taken = 0.0
+    for name in PROFILER_COST_FROM:
+        take = min(excess - taken, seconds[name])
+        seconds[name] -= take
+        taken += take
+    rest = sum(seconds.values())
+    if rest <= 0:
+        return shares, 0.0
+    scaled = {name: value / rest * (1.0 - wait) for name, value in seconds.items()}
+    return {name: wait if name == "data_wait" else scaled[name] for name in SLICES}, taken
 
 
 class _Splitter:

@@ -248,7 +248,9 @@ class Run:
         """The analysed steps' time budget (analysis.budget); None without GPU activity in the trace."""
         from gpudoctor.analysis.timebase import step_time  # timebase reads a Run: imported here, not above
 
-        return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, step_time(self).seconds)
+        pace = step_time(self)
+        return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, pace.seconds,
+                           outside_window=pace.basis == "unprofiled")
 
     @cached_property
     def gpu_work_per_step_s(self) -> float | None:

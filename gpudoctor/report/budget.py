@@ -29,7 +29,7 @@ def budget_json(budget: Budget | None, findings: Sequence[FindingRecord]) -> Bud
             if finding.code not in claims.setdefault(where, []):
                 claims[where].append(finding.code)
     return {
-        "step_s": round(budget.step_s, 9), "steps": budget.steps,
+        "step_s": round(budget.step_s, 9), "steps": budget.steps, "profiler_s": round(budget.profiler_s, 9),
         "slices": [{"slice": s.name, "label": SLICE_LABELS[s.name], "seconds": round(s.seconds, 9),
                     "share": round(min(1.0, s.share), 6), "claimed_by": claims.get(s.name, [])}
                    for s in budget.slices],

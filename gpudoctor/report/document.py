@@ -103,6 +103,7 @@ class BudgetJson(TypedDict):
     step_s: float  # the run's step time (run.step_s)
     steps: int
     slices: list[BudgetSliceJson]
+    profiler_s: float  # the profiler's own cost in each profiled step, left out of the slices
 
 
 class RankJson(TypedDict):

@@ -276,16 +276,13 @@ def _card(index: int, record: FindingRecord, shown: FindingJson, run: Run, docs:
     }
 
 
-IDLE_SLICES = ("data_wait", "sync", "host", "unexplained")
-
-
 def _idle_share(run: Run) -> float | None:
     """The share of the step the GPU idles: the budget's idle slices (its data wait is every step's, as the
     savings are), else the analysed steps' idle time."""
     budget = run.budget
     if budget is None:
         return run.gpu_idle_share
-    return sum(s.share for s in budget.slices if s.name in IDLE_SLICES)
+    return budget.idle_share
 
 
 def finding_cards(records: list[FindingRecord], run: Run, docs: Mapping[str, str]) -> list[Card]:

@@ -97,7 +97,15 @@ BUDGET_WORDS = {"gpu_busy": "GPU computing", "collective": "collectives", "data_
 def _budget_line(budget: BudgetJson) -> str:
     """'each step: GPU computing 64%, syncs 15%, host-side work 17%, unexplained 4%' (slices of 1% or more)."""
     shown = [f"{BUDGET_WORDS[s['slice']]} {s['share']:.0%}" for s in budget["slices"] if s["share"] >= 0.01]
-    return "each step: " + ", ".join(shown)
+    return "each step: " + ", ".join(shown) + _profiler_cost_text(budget)
+
+
+def _profiler_cost_text(budget: BudgetJson) -> str:
+    """'; the profiler's own 4.6 ms of each profiled step left out' when the window cost 1% of a step or more."""
+    cost = budget.get("profiler_s") or 0.0
+    if cost < 0.01 * budget["step_s"]:
+        return ""
+    return f"; the profiler's own {seconds(cost)} of each profiled step left out"
 
 
 def _on_ranks(finding: FindingJson) -> str:
