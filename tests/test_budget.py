@@ -51,17 +51,22 @@ def test_each_idle_gap_goes_to_one_cause(tmp_path) -> None:
                                     "host": 0.1, "unexplained": 0.1}, abs=1e-6)
 
 
-def test_the_profilers_own_cost_is_left_out_of_the_slices(tmp_path) -> None:
-    # Profiled steps of 10 ms: the GPU computes 4 ms, the host launches for the other 6 (a gap with a launch
-    # in it). After the window the same steps take 6 ms: 4 ms of each profiled step was the profiler's cost.
+def _launch_bound_run(tmp_path, step_after_window_s: float) -> BundleBuilder:
+    """Profiled steps of 10 ms: the GPU computes 4 ms, the host launches for the other 6 (a gap with a launch in
+    it); after the window (and the step that carries the trace's export), 8 steps of `step_after_window_s`."""
     b = BundleBuilder(tmp_path, window=(1, 0, 5))
     b.step(wall_s=0.5, window="waiting")
     for step in b.steps(5, wall_s=0.010):
         b.kernels([(step, 0.0, 0.004)])
         b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
-    b.step(wall_s=0.2, window="closed")  # the trace's export
-    b.steps(8, wall_s=0.006, window="closed")
-    budget = b.build().budget
+    b.step(wall_s=0.2, window="closed")
+    b.steps(8, wall_s=step_after_window_s, window="closed")
+    return b
+
+
+def test_the_profilers_own_cost_is_left_out_of_the_slices(tmp_path) -> None:
+    # The same steps take 6 ms after the window: 4 ms of each profiled step was the profiler's cost.
+    budget = _launch_bound_run(tmp_path, 0.006).build().budget
     assert budget is not None
     assert budget.step_s == pytest.approx(0.006)
     assert budget.profiler_s == pytest.approx(0.004)
@@ -71,14 +76,7 @@ def test_the_profilers_own_cost_is_left_out_of_the_slices(tmp_path) -> None:
 
 
 def test_the_report_says_what_the_profiler_cost(tmp_path) -> None:
-    b = BundleBuilder(tmp_path, window=(1, 0, 5))
-    b.step(wall_s=0.5, window="waiting")
-    for step in b.steps(5, wall_s=0.010):
-        b.kernels([(step, 0.0, 0.004)])
-        b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
-    b.step(wall_s=0.2, window="closed")
-    b.steps(8, wall_s=0.006, window="closed")
-    report = build_report(b.build(), EngineResult([], [], []))
+    report = build_report(_launch_bound_run(tmp_path, 0.006).build(), EngineResult([], [], []))
     assert report["run"]["budget"]["profiler_s"] == pytest.approx(0.004)
     assert "the profiler's own 4.0 ms of each profiled step left out" in to_text(report)
     html = to_html(link_outputs(report, tmp_path))
@@ -86,14 +84,8 @@ def test_the_report_says_what_the_profiler_cost(tmp_path) -> None:
 
 
 def test_a_window_that_cost_nothing_keeps_its_slices(tmp_path) -> None:
-    b = BundleBuilder(tmp_path, window=(1, 0, 5))
-    b.step(wall_s=0.5, window="waiting")
-    for step in b.steps(5, wall_s=0.010):
-        b.kernels([(step, 0.0, 0.004)])
-        b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
-    b.step(wall_s=0.2, window="closed")
-    b.steps(8, wall_s=0.011, window="closed")  # slower outside the window: the program's pace, not the profiler
-    budget = b.build().budget
+    # Slower outside the window: the program's own pace, not the profiler's cost.
+    budget = _launch_bound_run(tmp_path, 0.011).build().budget
     assert budget is not None and budget.profiler_s == 0.0
     assert {s.name: s.share for s in budget.slices}["host"] == pytest.approx(0.6)
 
