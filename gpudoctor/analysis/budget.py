@@ -145,18 +145,17 @@ def _without_profiler_cost(shares: dict[str, float], profiled_s: float,
     the seconds of each profiled step taken out as the profiler's own: the excess past the data wait, out of the
     slices of PROFILER_COST_FROM in order; what is left of the other slices is scaled to fill the step."""
     wait = shares["data_wait"]
-    seconds = {name: share * profiled_s for name, share in shares.items() if name != "data_wait"}
+    seconds = {name: share * profiled_s for name, share in shares.items()}
     excess = (1.0 - wait) * (profiled_s - step_s)
     taken = 0.0
     for name in PROFILER_COST_FROM:
         take = min(excess - taken, seconds[name])
         seconds[name] -= take
         taken += take
-    rest = sum(seconds.values())
-    if rest <= 0:
+    if sum(seconds.values()) - seconds["data_wait"] <= 0:
         return shares, 0.0
-    scaled = {name: value / rest * (1.0 - wait) for name, value in seconds.items()}
-    return {name: wait if name == "data_wait" else scaled[name] for name in SLICES}, taken
+    total = sum(seconds.values())
+    return _with_wait_share({name: value / total for name, value in seconds.items()}, wait), taken
 
 
 class _Splitter:

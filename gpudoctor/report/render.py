@@ -58,6 +58,7 @@ def _environment() -> jinja2.Environment:
     env.globals["host_ran_ahead"] = host_ran_ahead
     env.globals["step_time_text"] = step_time_text
     env.globals["median_step_text"] = median_step_text
+    env.globals["profiler_cost_shown"] = profiler_cost_shown
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
@@ -100,12 +101,16 @@ def _budget_line(budget: BudgetJson) -> str:
     return "each step: " + ", ".join(shown) + _profiler_cost_text(budget)
 
 
+def profiler_cost_shown(budget: BudgetJson) -> bool:
+    """Whether the report and the terminal say what the profiler cost: when it is 1% of a step or more."""
+    return (budget.get("profiler_s") or 0.0) >= 0.01 * budget["step_s"]
+
+
 def _profiler_cost_text(budget: BudgetJson) -> str:
-    """'; the profiler's own 4.6 ms of each profiled step left out' when the window cost 1% of a step or more."""
-    cost = budget.get("profiler_s") or 0.0
-    if cost < 0.01 * budget["step_s"]:
+    """'; the profiler's own 4.6 ms of each profiled step left out' (see profiler_cost_shown)."""
+    if not profiler_cost_shown(budget):
         return ""
-    return f"; the profiler's own {seconds(cost)} of each profiled step left out"
+    return f"; the profiler's own {seconds(budget['profiler_s'])} of each profiled step left out"
 
 
 def _on_ranks(finding: FindingJson) -> str:
