@@ -3,8 +3,11 @@ calls (an inference loop). Installed with the always-on instrumentation; each co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from gpudoctor.collect.patches import Patches
@@ -34,23 +37,57 @@ def find_outermost_model(recorder: Recorder, handles: list[Any]) -> None:
     from torch.nn.modules import module
 
     local = threading.local()  # per thread: how deep in module calls
-    watched: list[Any] = []  # the outermost module, once found
+    found: list[bool] = []
 
     def pre(mod: Any, args: Any) -> None:
         local.depth = getattr(local, "depth", 0) + 1
 
     def post(mod: Any, args: Any, output: Any) -> None:
         local.depth = getattr(local, "depth", 1) - 1
-        if local.depth == 0 and not watched:
-            watched.append(mod)
+        if local.depth == 0 and not found:
+            found.append(True)
             for handle in handles:
                 handle.remove()
             handles.clear()
             recorder.on_forward()  # the call that just ended was the first of the loop's
-            handles.append(mod.register_forward_pre_hook(lambda m, a: recorder.on_forward()))
+            handles.append(_watch_calls(mod, recorder.on_forward))
 
     try:  # always_call: a forward that raises still leaves its depth
         post_handle = module.register_module_forward_hook(post, always_call=True)
     except TypeError:  # torch before 2.0 has no always_call
         post_handle = module.register_module_forward_hook(post)
     handles.extend([module.register_module_forward_pre_hook(pre), post_handle])
+
+
+class _ClassPatch:
+    """A removable handle for a patch on a class, like the handle torch gives for a hook."""
+
+    def __init__(self, patches: Patches) -> None:
+        self._patches = patches
+
+    def remove(self) -> None:
+        self._patches.restore()
+
+
+def _watch_calls(target: Any, on_call: Callable[[], None]) -> _ClassPatch:
+    """Call on_call before each call of `target` (a module), through its class's __call__.
+
+    Not a hook on the module: a module's own hooks are part of it, so torch.save(model) and pickle would
+    have to pickle gpudoctor's closure (and fail), and a model saved during the run would carry it. A class
+    is pickled by reference. The module is held weakly, so the script can still free it.
+    """
+    patches = Patches()
+    watched = weakref.ref(target)
+
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self is watched():
+                on_call()
+            return original(self, *args, **kwargs)
+
+        return call
+
+    with contextlib.suppress(Exception):  # a class that refuses the patch leaves the loop without forward steps
+        patches.wrap(type(target), "__call__", make)
+    return _ClassPatch(patches)

@@ -1,13 +1,15 @@
 """A small training loop whose Dataset sleeps a known time per sample, so every batch's data wait is known.
 
 Options: --steps N (optimizer steps), --batch-size B, --sleep-ms S (per sample),
---mode train|infer|explicit|sgd|forward, --report PATH (writes {"steps": N, "batches": M} when done). `infer`
+--mode train|infer|explicit|sgd|forward, --report PATH (writes {"steps": N, "saved_hooks": H} when done: H is how
+many hooks a torch.save of the whole model, as many scripts do at the end, carried). `infer`
 iterates the DataLoader with no optimizer; `explicit` uses neither and marks steps with gpudoctor.step(); `sgd`
 updates the weights by hand after backward(), with no optimizer and no DataLoader; `forward` calls the model in a
 loop, with neither.
 """
 
 import argparse
+import io
 import json
 import time
 
@@ -101,9 +103,14 @@ def main() -> None:
     else:
         done = {"sgd": sgd, "forward": forward}[args.mode](args.steps, model)
     print(f"train_loop: {args.mode} did {done} steps")
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in loaded.modules())
     if args.report:
         with open(args.report, "w") as f:
-            json.dump({"steps": done}, f)
+            json.dump({"steps": done, "saved_hooks": hooks}, f)
 
 
 if __name__ == "__main__":
