@@ -23,10 +23,10 @@ def _assert_complete_ranks(gd: Gpudoctor, run: str, ranks: tuple[int, ...]) -> N
             assert (gd.cwd / run / f"rank-{rank}" / name).is_file(), (rank, name)
 
 
-def _assert_merged(gd: Gpudoctor, run: str) -> None:
+def _assert_merged(gd: Gpudoctor, run: str, world_size: int = 2) -> None:
     findings = json.loads((gd.cwd / run / "findings.json").read_text())
-    assert findings["run"]["world_size"] == 2
-    assert len(findings["run"]["ranks"]) == 2
+    assert findings["run"]["world_size"] == world_size
+    assert len(findings["run"]["ranks"]) == world_size
     assert (gd.cwd / run / "report.html").is_file()
 
 
@@ -42,6 +42,17 @@ def test_module_form_profiles_every_rank_and_merges_them(gd: Gpudoctor) -> None:
     _assert_complete_ranks(gd, "run", (0, 1))
     _assert_merged(gd, "run")
     assert "2 ranks" in result.stderr  # the merged summary, once
+
+
+def test_a_job_of_one_rank_is_merged_like_several(gd: Gpudoctor) -> None:
+    # torchrun --nproc_per_node 1 (the DDP tutorials' first run): WORLD_SIZE is 1, and the rank is still torchrun's
+    result = gd.run("profile", "--out", "run", *WINDOW, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", "1", script("ddp_train.py"), "--steps", "6")
+    assert result.returncode == 0, result
+    assert "ddp_train: rank 0 of 1 did 6 steps" in result.stdout
+    _assert_complete_ranks(gd, "run", (0,))
+    _assert_merged(gd, "run", world_size=1)
+    assert "gpudoctor: 1 rank;" in result.stderr
 
 
 def test_console_script_with_torchruns_module_mode(gd: Gpudoctor) -> None:

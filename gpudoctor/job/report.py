@@ -72,7 +72,7 @@ def _summary(job: Job, findings: list[FindingRecord], not_measured: list[NotMeas
 
 def job_verdict(job: Job, problems: list[FindingRecord], stepped: bool, status: Status) -> str:
     """The crash first, then the largest problem, then how many there are."""
-    ranks = f"{job.world_size} ranks"
+    ranks = f"{job.world_size} rank{'' if job.world_size == 1 else 's'}"
     failed = failed_ranks(job)
     crash = " ".join(_crash(r) for r in failed)
     if not stepped:
