@@ -51,6 +51,20 @@ def test_each_idle_gap_goes_to_one_cause(tmp_path) -> None:
                                     "host": 0.1, "unexplained": 0.1}, abs=1e-6)
 
 
+def test_a_wait_between_streams_is_no_sync(tmp_path) -> None:
+    # cuDNN's LSTM orders its streams with cudaStreamWaitEvent, a call that returns at once: the host is not
+    # blocked in it, so the gap it falls in is the host's launching, not a sync's stall.
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004)])
+        b.cuda_call("cudaStreamWaitEvent", step=step, at=0.005, dur=0.000001)
+        b.cuda_call("cudaLaunchKernel", step=step, at=0.006, dur=0.00001)
+    budget = b.build().budget
+    assert budget is not None
+    shares = {s.name: s.share for s in budget.slices}
+    assert shares["sync"] == 0.0 and shares["host"] == pytest.approx(0.6)
+
+
 def _launch_bound_run(tmp_path, step_after_window_s: float) -> BundleBuilder:
     """Profiled steps of 10 ms: the GPU computes 4 ms, the host launches for the other 6 (a gap with a launch in
     it); after the window (and the step that carries the trace's export), 8 steps of `step_after_window_s`."""

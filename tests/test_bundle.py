@@ -128,6 +128,19 @@ def test_step_detection(gd: Gpudoctor, mode: str, source: str) -> None:
     assert result.findings()["run"]["step_source"] == source
 
 
+@pytest.mark.parametrize("mode", ["sgd", "forward"])
+def test_what_runs_after_the_loop_is_no_steps_time(gd: Gpudoctor, mode: str) -> None:
+    # Steps counted by backward() or forward calls end when the next begins; the script's end closes the last,
+    # which then holds the second of work after the loop (an evaluation): it is not the run's pace.
+    result = gd.profile(script("train_loop.py"), "--steps", "12", "--mode", mode, "--after-s", "1.0")
+    assert result.returncode == 0, result
+    steps = result.events(StepEvent)
+    assert [e.ends_run for e in steps] == [False] * 11 + [True]
+    assert steps[-1].wall_s >= 1.0
+    run = result.findings()["run"]
+    assert run["step_s_basis"] == "unprofiled" and run["step_s"] < 0.1
+
+
 def test_the_profilers_distortion_is_measured_against_the_steps_outside_the_window(training_run: Result) -> None:
     run = training_run.findings()["run"]  # 8 steps: 1 waiting, 1 warm-up, 2 profiled, 1 detail, 3 after the window
     steps = Run.from_bundle(training_run.run_dir).all_steps

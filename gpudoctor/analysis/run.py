@@ -186,9 +186,10 @@ class Run:
 
         Data wait and wall time are measured at every step, so figures built from them alone should use
         these: a loader with many workers starves in bursts, one long wait every `num_workers` steps,
-        which a short window can miss.
+        which a short window can miss. The step the script's end closed is not one: it holds what ran after
+        the loop.
         """
-        steps = self.all_steps
+        steps = [s for s in self.all_steps if not s.ends_run]
         wait = self._startup_steps
         return steps[wait:] if len(steps) > wait else steps
 

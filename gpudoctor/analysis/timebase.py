@@ -46,7 +46,7 @@ def window_distortion(run: Run) -> WindowDistortion:
     if run.trace_only:
         return WindowDistortion(None, reason="a bare trace has no steps outside the profiling window to compare with")
     profiled = [s.wall_s for s in run.steps if s.window == "active"]
-    unprofiled = [s.wall_s for s in run.all_steps if s.window == "closed"]  # this window's, till the next one
+    unprofiled = [s.wall_s for s in run.all_steps if s.window == "closed" and not s.ends_run]  # till the next window
     if not profiled:
         return WindowDistortion(None, reason="no step was profiled")
     if len(unprofiled) < MIN_UNPROFILED_STEPS:
@@ -109,8 +109,10 @@ def step_time(run: Run) -> StepTime:
 
 
 def _unprofiled_steps(run: Run) -> list[Step]:
-    """The steps after each profiling window but the first one (the profiler's stop and the trace's export)."""
+    """The steps after each profiling window but the first one (the profiler's stop and the trace's export), and
+    not the one the script's end closed (what ran after the loop)."""
     if run.trace_only:
         return []
     steps = run.all_steps
-    return [s for before, s in pairwise(steps) if s.window == "closed" and before.window == "closed"]
+    return [s for before, s in pairwise(steps)
+            if s.window == "closed" and before.window == "closed" and not s.ends_run]

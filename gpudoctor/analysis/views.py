@@ -66,6 +66,7 @@ class Step:
     cuda_memory: CudaMemory | None = None
     backwards: int = 0  # backward() calls in the step
     last_backward: float | None = None  # when the last of several backward() calls started (accumulation)
+    ends_run: bool = False  # closed by the script's end, not by the next step: its time is not the loop's
 
     @property
     def end(self) -> float:

@@ -230,6 +230,9 @@ class StepEvent(Record, Event, tag="step", frozen=True):
     backwards: Count = 0  # backward() calls in the step
     # time.time() at the last of several backward() calls (gradient accumulation); None with one or none.
     last_backward_t: float | None = None
+    # The step that backward() or forward() calls were counting when the script ended: nothing closed it but the
+    # end, so its time holds whatever ran after the loop (an evaluation, a checkpoint): no step's pace.
+    ends_run: bool = False
     source: str = "none"
     window: str = "waiting"  # waiting | warmup | active | closed | failed
     window_index: Count = 0
@@ -245,7 +248,8 @@ class StepEvent(Record, Event, tag="step", frozen=True):
         """A step outside the profiling windows: only its times, wait, batches, backward() calls and labels (a
         step that says when its last backward() began is kept whole)."""
         return (self.phases is None and self.copies is None and self.syncs is None and self.gil is None
-                and self.cuda_memory is None and self.window_index == 0 and self.last_backward_t is None)
+                and self.cuda_memory is None and self.window_index == 0 and self.last_backward_t is None
+                and not self.ends_run)
 
 
 class WindowEvent(Record, Event, tag="window", frozen=True):

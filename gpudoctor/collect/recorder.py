@@ -80,13 +80,14 @@ class StepRecord:
     syncs: dict[SyncKey, list[float]] = field(default_factory=dict)
     gil_delays: list[float] = field(default_factory=list)
 
-    def to_event(self, t1: float, p1: float, source: str, cuda_memory: CudaMemory | None) -> StepEvent:
+    def to_event(self, t1: float, p1: float, source: str, cuda_memory: CudaMemory | None,
+                 ends_run: bool = False) -> StepEvent:
         in_window = self.window in IN_WINDOW
         hooked = self.window == window_states.DETAIL  # the hooks' figures: only the detail steps have them
         return StepEvent(
             step=self.index, t0=self.t0, t1=t1, wall_s=max(0.0, p1 - self.p0), data_wait_s=self.data_wait_s,
             batches=self.batches, source=source, window=self.window, backwards=self.backwards,
-            last_backward_t=self.last_backward_t if self.backwards > 1 else None,
+            last_backward_t=self.last_backward_t if self.backwards > 1 else None, ends_run=ends_run,
             window_index=self.window_index if in_window else 0,
             phases=Phases(**self.phases) if hooked else None,
             copies=[_copy_row(k, v) for k, v in self.copies.items()] if hooked else None,
@@ -241,7 +242,7 @@ class Recorder:
     def _new_step(self) -> StepRecord:
         return StepRecord(self.completed, time.time(), time.perf_counter(), self.window.state_for_step(self.completed))
 
-    def end_step(self) -> None:
+    def end_step(self, ends_run: bool = False) -> None:
         if self._disabled or self._stopping:
             return
         with self._lock:
@@ -252,7 +253,7 @@ class Recorder:
                                       finished.window_index)
         hooked_before = self.window.attributing
         memory = _cuda_memory() if finished.window in IN_WINDOW else None
-        self.emit(finished.to_event(time.time(), time.perf_counter(), self.source or "none", memory))
+        self.emit(finished.to_event(time.time(), time.perf_counter(), self.source or "none", memory, ends_run))
         self.window.on_step_completed(self.completed)
         self.markers.annotate = self.window.recording and self.window.cpu_ops
         self.current.window = self.window.state_for_step(self.completed)
@@ -284,7 +285,7 @@ class Recorder:
         """Steps counted by backward() or forward calls end when the next one starts: the last ends with the script."""
         if not self._stopping and _counted(self.current, self.source):
             with contextlib.suppress(MaxStepsReached):  # the script is ending anyway
-                self.end_step()
+                self.end_step(ends_run=True)
 
     def finish(self, reason: str, code: int | None = None, exception: ExceptionDetails | None = None) -> None:
         """The script is ending: close the window (writing its trace) and say how the run ended."""

@@ -2,7 +2,8 @@
 
 Options: --steps N (optimizer steps), --batch-size B, --sleep-ms S (per sample),
 --mode train|infer|explicit|sgd|forward, --report PATH (writes {"steps": N, "saved_hooks": H} when done: H is how
-many hooks a torch.save of the whole model, as many scripts do at the end, carried). `infer`
+many hooks a torch.save of the whole model, as many scripts do at the end, carried), --after-s S (seconds of work
+after the loop, as an evaluation would take). `infer`
 iterates the DataLoader with no optimizer; `explicit` uses neither and marks steps with gpudoctor.step(); `sgd`
 updates the weights by hand after backward(), with no optimizer and no DataLoader; `forward` calls the model in a
 loop, with neither.
@@ -90,6 +91,7 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=5.0)
     parser.add_argument("--mode", choices=["train", "infer", "explicit", "sgd", "forward"], default="train")
     parser.add_argument("--report")
+    parser.add_argument("--after-s", type=float, default=0.0)
     args = parser.parse_args()
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     data = SleepyData(args.steps * args.batch_size, args.sleep_ms / 1000)
@@ -102,6 +104,7 @@ def main() -> None:
         done = explicit(args.steps, model)
     else:
         done = {"sgd": sgd, "forward": forward}[args.mode](args.steps, model)
+    time.sleep(args.after_s)
     print(f"train_loop: {args.mode} did {done} steps")
     saved = io.BytesIO()
     torch.save(model, saved)
