@@ -117,7 +117,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
 
     What it detects: `num_workers > 0`, the GPU idles at least `min_wait_share` of each step waiting for data
     (or at least `min_starved_steps` of the steps wait more than half their time), the workers are CPU-busy
-    (at least `busy_worker_cores` of a core each) and the process may use more cores than it has workers.
+    (the median worker uses at least `busy_worker_cores` of a core) and the process may use more cores than it
+    has workers.
 
     Why it matters: each worker makes one batch at a time; when a batch takes longer to make than the
     GPU takes to consume `num_workers` of them, the GPU waits.
@@ -135,7 +136,10 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     workers = _workers(run)
     if not starved.starving(min_wait_share, min_starved_steps) or not workers:
         return
-    worker_cores = statistics.fmean(p.cpu_mean for p in workers)
+    # The median worker: workers without persistent_workers start afresh each epoch, and a generation that lived
+    # while the main process was slow (start-up, a checkpoint) sat with its queue full (dcgan: 0.09 and 0.17 of
+    # a core, the six after it 0.74 to 0.85).
+    worker_cores = statistics.median(p.cpu_mean for p in workers)
     cores = run.env.cores or 1
     if worker_cores < busy_worker_cores or loader.num_workers + 1 >= cores:
         return

@@ -48,6 +48,16 @@ def test_too_few_workers_needs_busy_workers_and_spare_cores(tmp_path) -> None:
     assert_silent("GD102", idle.build())
 
 
+def test_too_few_workers_are_judged_by_the_typical_one(tmp_path) -> None:
+    # Without persistent_workers each epoch starts two new workers; the first pair lived while the main process
+    # was slow and idled with full queues, the next three pairs were busy (pytorch/examples' dcgan).
+    b = starved(tmp_path, workers=2, wait=0.07, cores=16)
+    b.workers(2, cores=0.1)
+    b.workers(6, cores=0.8)
+    b.host_samples()
+    assert_fires("GD102", b.build(), count=1)
+
+
 def test_too_few_workers_are_judged_over_the_steps_that_starve(tmp_path) -> None:
     """A short window fed from prefetched batches catches the workers idle; the steps after it starve while the
     workers are busy. Their CPU is taken over the steps the data wait is measured on, not the window alone."""
