@@ -217,6 +217,30 @@ def test_sync_cost_without_a_gpu_timeline_is_the_blocked_time(tmp_path) -> None:
     assert findings[0]["impact"] == pytest.approx(0.1, abs=0.01)
 
 
+def _synced_steps(tmp_path, host_s: float) -> BundleBuilder:
+    # 10 ms steps: 4 ms of kernels, then a synchronize, then 6 ms of GPU idle till the next step's launch;
+    # two lines sync once a step each, the host blocked `host_s` in each call.
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(5, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004)])
+        b.cuda_call("cudaStreamSynchronize", step=step, at=0.0039, dur=0.0002)
+    b.sync("item", host_s=host_s, site=("train.py", 58, "train_step"))
+    b.sync("item", host_s=host_s, site=("train.py", 61, "train_step"))
+    return b
+
+
+def test_a_sync_saves_the_idle_after_it_when_the_host_is_ahead(tmp_path) -> None:
+    findings = assert_fires("GD211", _synced_steps(tmp_path, host_s=0.003).build(), count=2)
+    assert [f["impact"] for f in findings] == pytest.approx([0.3, 0.3], abs=0.01)  # the 60% idle, shared
+
+
+def test_a_sync_saves_no_more_than_the_host_waits_in_it(tmp_path) -> None:
+    # The host blocked 0.15 ms in each call: the GPU had little left to do, and without the calls the host
+    # would gain only those 0.3 ms a step (3%), whatever the idle after them.
+    findings = assert_fires("GD211", _synced_steps(tmp_path, host_s=0.00015).build(), count=2)
+    assert [f["impact"] for f in findings] == pytest.approx([0.015, 0.015], abs=0.002)
+
+
 def test_a_few_long_waits_are_not_averaged_away(tmp_path) -> None:
     b = BundleBuilder(tmp_path)
     b.loader(num_workers=0, batch_size=32, site=("train.py", 41, "main"))
