@@ -400,6 +400,6 @@ def _profiler_status(run_dir: Path, child: ChildReport) -> CollectorStatus:
         return CollectorStatus(ok=False, reason="the script's process ended without reporting (killed or crashed) "
                                                 "before the window closed")
     if child.end.steps == 0:
-        return CollectorStatus(ok=False, reason="no training step was detected (no optimizer.step(), DataLoader "
-                                                "batch or gpudoctor.step())")
+        return CollectorStatus(ok=False, reason="no training step was detected (no gpudoctor.step(), optimizer.step(), "
+                                                "backward(), DataLoader batch or model call)")
     return CollectorStatus(ok=False, reason=f"the script ran {child.end.steps} steps, fewer than the window's wait")

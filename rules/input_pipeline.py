@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis import DataWait, LoaderInfo, ProcessInfo
 
+WORKER_NAME = "pt_data_worker"  # what torch names a DataLoader worker process
+
 
 def _loader(run: Run) -> LoaderInfo:
     loader = run.loader.main
@@ -37,11 +39,14 @@ def _compute_s(run: Run, wall: float, wait: float) -> float:
 
 
 def _workers(run: Run) -> list[ProcessInfo]:
-    """The loader's worker processes (children of the script's main process) over the steps the data wait is
-    measured on."""
+    """The loader's worker processes over the steps the data wait is measured on: the main process's children
+    that torch named pt_data_worker, or all its children where none is (a torch that does not name them).
+    Others are not the loader's: multiprocessing's resource tracker (pytorch/examples' mnist_hogwild: 0.0 of a
+    core, beside its one worker's 0.87), a script's own pool."""
     processes = run.steady_processes
     main = next((p for p in processes if p.role == "main"), None)
-    return [p for p in processes if main is not None and p.ppid == main.pid]
+    children = [p for p in processes if main is not None and p.ppid == main.pid]
+    return [p for p in children if p.name == WORKER_NAME] or children
 
 
 def _suggested_workers(load_s: float, compute_s: float, cores: int | None) -> int:
@@ -152,8 +157,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         return
     fixed = max(compute, batch_s / suggested)
     yield Finding(
-        f"{loader.num_workers} DataLoader workers cannot keep up: the GPU idles {share:.0%} of each step waiting "
-        "for data",
+        f"{loader.num_workers} DataLoader worker{'s' if loader.num_workers > 1 else ''} cannot keep up: the GPU "
+        f"idles {share:.0%} of each step waiting for data",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), "cores available": cores},

@@ -58,6 +58,16 @@ def test_too_few_workers_are_judged_by_the_typical_one(tmp_path) -> None:
     assert_fires("GD102", b.build(), count=1)
 
 
+def test_the_workers_are_the_processes_torch_named(tmp_path) -> None:
+    # A spawned job's main process also has multiprocessing's resource tracker for a child, idle: it is no worker.
+    b = starved(tmp_path, workers=1, wait=0.07, cores=16)
+    b.process(0.0, name="python3")
+    b.workers(1, cores=0.9)
+    b.host_samples()
+    findings = assert_fires("GD102", b.build(), count=1)
+    assert findings[0]["title"].startswith("1 DataLoader worker cannot keep up")
+
+
 def test_too_few_workers_are_judged_over_the_steps_that_starve(tmp_path) -> None:
     """A short window fed from prefetched batches catches the workers idle; the steps after it starve while the
     workers are busy. Their CPU is taken over the steps the data wait is measured on, not the window alone."""
