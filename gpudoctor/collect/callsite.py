@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -21,6 +22,31 @@ def _library_prefixes() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     prefixes = {paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     return tuple(os.path.realpath(p) + os.sep for p in prefixes if p)
+
+
+@functools.lru_cache(maxsize=8)
+def _install_dirs(search_path: tuple[str, ...]) -> tuple[str, ...]:
+    """The entries of sys.path that packages are installed into, beside the interpreter's own site-packages.
+
+    `pip install --user` and `--target`, PYTHONPATH folders and Debian's dist-packages are not in sysconfig's
+    paths; a folder that holds an installed package's .dist-info is one of them. The script's own folder
+    (the first entry) never is, and a project's .egg-info build folder is no sign of one.
+    """
+    found = []
+    for entry in search_path[1:]:
+        if not entry or not os.path.isdir(entry):
+            continue
+        try:
+            names = os.listdir(entry)
+        except OSError:
+            continue
+        if any(name.endswith(".dist-info") for name in names):
+            found.append(os.path.realpath(entry) + os.sep)
+    return tuple(found)
+
+
+def _libraries() -> tuple[str, ...]:
+    return _LIBRARIES + _install_dirs(tuple(sys.path))
 
 
 _GPUDOCTOR_DIR = os.path.dirname(os.path.realpath(gpudoctor.__file__)) + os.sep
@@ -51,13 +77,14 @@ def user_frame(skip: int = 1) -> FrameType | None:
 def user_frame_from(frame: FrameType | None) -> FrameType | None:
     """`user_frame` of a stack that starts at `frame` (another thread's, say)."""
     torch_dir = _dir_of("torch")
+    libraries = _libraries()
     fallback = None
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith("<"):
             path = _realpath(filename)
             if not _is_internal(path, torch_dir):
-                if not path.startswith(_LIBRARIES):
+                if not path.startswith(libraries):
                     return frame
                 fallback = fallback or frame
         frame = frame.f_back
