@@ -257,7 +257,7 @@ def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp
                               "swap_out"]
     assert [p["pid"] for p in procs[-1]["procs"]] == [tree.pid, tree.workers[0]]
     assert list(procs[-1]["procs"][0]) == ["pid", "ppid", "name", "cpu_s", "rss", "threads", "ctx_vol",
-                                           "ctx_invol", "thread_cpu", "run_delay_s"]
+                                           "ctx_invol", "thread_cpu", "run_delay_s", "gpu"]
 
 
 def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:

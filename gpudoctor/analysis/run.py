@@ -31,6 +31,7 @@ from gpudoctor.analysis.views import (
     ProcessInfo,
     Samples,
     SeriesPoint,
+    StartedProcess,
     Step,
     SyncSite,
     ThreadInfo,
@@ -44,6 +45,7 @@ from gpudoctor.bundle.events import (
     HostLinesEvent,
     LoaderEvent,
     ProcessFacts,
+    ProcessStartEvent,
     StepEvent,
     StepLessGilEvent,
     ThreadStartEvent,
@@ -381,6 +383,23 @@ class Run:
         return [ForkInfo(e.t or 0.0, e.cuda_initialized, e.start_method, e.dataloader_worker,
                          Location.from_site(e.site))
                 for e in self.events(ForkEvent)]
+
+    @cached_property
+    def started_processes(self) -> list[StartedProcess]:
+        """The processes the script started through multiprocessing, DataLoader workers left out: gpudoctor
+        profiles the script's own process, and their steps are not in its report."""
+        sampled = {p.pid: p for p in process_infos(self._proc_samples)}
+        started = []
+        for event in self.events(ProcessStartEvent):
+            if event.dataloader_worker:
+                continue
+            info = sampled.get(event.pid) if event.pid is not None else None
+            fresh = event.start_method in ("spawn", "forkserver")  # its open files are its own, not inherited
+            started.append(StartedProcess(
+                event.pid, event.start_method, event.target, Location.from_site(event.site),
+                info.cpu_mean if info else None, (info.gpu if fresh else None) if info else None,
+            ))
+        return started
 
     @cached_property
     def processes(self) -> list[ProcessInfo]:

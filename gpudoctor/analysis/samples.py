@@ -120,6 +120,7 @@ def _process_info(pid: int, entries: list[tuple[float, ProcEntry]], is_root: boo
         thread_cores=_thread_cores([e for _, e in entries], elapsed),
         ctx_invol_per_s=_rate(first.ctx_invol, last.ctx_invol, elapsed),
         run_delay_share=_rate(first.run_delay_s, last.run_delay_s, elapsed),
+        gpu=any(e.gpu for _, e in entries),
     )
 
 

@@ -165,6 +165,23 @@ class ForkInfo:
 
 
 @dataclass(frozen=True)
+class StartedProcess:
+    """A process the script started itself (not a DataLoader worker), which gpudoctor does not profile."""
+
+    pid: int | None
+    start_method: str | None
+    target: str | None
+    location: Location | None
+    cores: float | None  # its mean CPU use over its sampled life; None if it was never sampled
+    used_gpu: bool | None  # held a GPU open; None where that cannot tell (a forked child inherits the files)
+
+    @property
+    def worked(self) -> bool:
+        """Used the GPU, or at least half a core: work the report of the main process does not show."""
+        return bool(self.used_gpu) or (self.cores or 0.0) >= 0.5
+
+
+@dataclass(frozen=True)
 class ProcessInfo:
     """One process of the script's tree over the run, from the parent's samples."""
 
@@ -180,6 +197,7 @@ class ProcessInfo:
     ctx_invol_per_s: float | None  # involuntary context switches: the OS took the CPU away
     # Seconds per second the main thread was ready to run but waited for a core; None where not measured
     run_delay_share: float | None = None
+    gpu: bool = False  # held a GPU's device file open in some sample (ProcEntry.gpu)
 
     @property
     def busy_threads(self) -> int:

@@ -153,6 +153,18 @@ class ForkEvent(Record, Event, tag="fork", frozen=True):
     t: float | None = None
 
 
+class ProcessStartEvent(Record, Event, tag="process_start", frozen=True):
+    """A process the script started through multiprocessing (torch.multiprocessing.spawn, a Pool, Process)."""
+
+    pid: int | None = None
+    start_method: str | None = None  # fork, spawn or forkserver: only fork's child shares the parent's memory
+    target: str | None = None  # the function it runs (for torch.multiprocessing.spawn, the one it was given)
+    module: str | None = None
+    site: Site | None = None
+    dataloader_worker: bool = False
+    t: float | None = None
+
+
 class LoaderEvent(Record, Event, tag="loader", frozen=True):
     """A DataLoader the script iterated, with its settings and where it was built."""
 
@@ -285,7 +297,8 @@ class EndEvent(Record, Event, tag="end", frozen=True):
 
 
 AnyEvent: TypeAlias = (
-    ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | LoaderEvent
+    ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | ProcessStartEvent
+    | LoaderEvent
     | ForwardSiteEvent | BackwardSiteEvent | HostLinesEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent
     | EndEvent
     | StepLessGilEvent

@@ -69,6 +69,9 @@ class ProcEntry(Merged, kw_only=True, frozen=True):
     # Seconds the main thread was ready to run but waited for a core (Linux schedstat's run delay); None where
     # the kernel does not keep it
     run_delay_s: Seconds | None = None
+    # Whether it holds a GPU's device file (/dev/nvidiaN) open, as a process with a CUDA context does; None where
+    # not looked at. A forked child inherits its parent's open files, so only a spawned one's says it used CUDA.
+    gpu: bool | None = None
 
 
 class ProcsRow(Merged, kw_only=True, frozen=True):

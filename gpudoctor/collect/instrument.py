@@ -19,6 +19,8 @@ import time
 from types import FrameType
 from typing import Any
 
+import msgspec
+
 from gpudoctor.bundle.events import (
     BackwardSiteEvent,
     CudaDevice,
@@ -26,6 +28,7 @@ from gpudoctor.bundle.events import (
     ForkEvent,
     ForwardSiteEvent,
     LoaderEvent,
+    ProcessStartEvent,
     ThreadStartEvent,
     TorchEvent,
 )
@@ -55,6 +58,7 @@ class Instrumentation:
     # -- installation ----------------------------------------------------------------------------
     def install(self) -> None:
         self._patch_threads()
+        self._patch_processes()
         os.register_at_fork(before=self._before_fork, after_in_child=self._after_fork_in_child)
         if "torch" in sys.modules:
             self.on_torch_imported()
@@ -98,6 +102,20 @@ class Instrumentation:
             return start
 
         self._always.wrap(threading.Thread, "start", make)
+
+    def _patch_processes(self) -> None:
+        recorder = self.recorder
+
+        def make(original: Any) -> Any:
+            def start(process: Any) -> None:
+                # Read before starting it: start() lets go of the target once the child has it.
+                event = _process_start_event(process, user_location(), _in_dataloader_stack())
+                original(process)
+                recorder.emit(msgspec.structs.replace(event, pid=process.pid, start_method=_start_method(process)))
+
+            return start
+
+        self._always.wrap(multiprocessing.process.BaseProcess, "start", make)
 
     def _before_fork(self) -> None:
         torch = sys.modules.get("torch")
@@ -374,6 +392,20 @@ def _in_dataloader_stack() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _process_start_event(process: Any, site: Any, in_loader: bool) -> ProcessStartEvent:
+    target = getattr(process, "_target", None)
+    args = getattr(process, "_args", ())
+    if getattr(target, "__module__", None) == "torch.multiprocessing.spawn" and args and callable(args[0]):
+        target = args[0]  # spawn's own wrapper runs the function the script gave it
+    return ProcessStartEvent(target=getattr(target, "__qualname__", None), module=getattr(target, "__module__", None),
+                             site=site, dataloader_worker=in_loader)
+
+
+def _start_method(process: Any) -> str | None:
+    """Its context's start method; a plain Process uses the default one, fixed by the time it has started."""
+    return getattr(process, "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
 
 
 def _loader_event(loader: Any) -> LoaderEvent:

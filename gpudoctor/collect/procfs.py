@@ -19,6 +19,7 @@ from gpudoctor.bundle.samples import HostRow, ProcEntry
 from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file, run_delay_seconds
 
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
+GPU_FILES_EVERY_S = 1.0  # how often a process's open files are looked at, until one is a GPU's
 NEW_PIDS_MAX = 32  # more new pids than this since the last sample are left to the next walk of the tree
 HOST_READ_SIZE = 65536  # first read size for /proc/stat and /proc/vmstat; a longer file is read again whole
 
@@ -170,6 +171,24 @@ class ProcfsTree:
         self._members.pop(pid).close()
 
 
+def holds_gpu_file(pid: int) -> bool | None:
+    """Whether the process has a GPU's device file open (/dev/nvidia0, ...: not nvidiactl or nvidia-uvm); None
+    where its open files cannot be listed."""
+    try:
+        entries = os.scandir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    with entries:
+        for entry in entries:
+            try:
+                target = os.readlink(entry.path)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("/dev/nvidia") and target[len("/dev/nvidia"):].isdigit():
+                return True
+    return False
+
+
 def _descendants(rows: list[ProcEntry], root: int) -> set[int]:
     """The pids among rows that descend from root through parents also among rows."""
     children: dict[int | None, list[int]] = defaultdict(list)
@@ -225,6 +244,8 @@ class TrackedProcess:
         self._threads: dict[str, HeldFile | PathFile] = {}
         self._children: dict[str, HeldFile | PathFile] = {}
         self._comm, self._name = b"", ""
+        self._gpu: bool | None = None
+        self._gpu_looked_at = float("-inf")
 
     def sample(self) -> ProcEntry | None:
         """None once the process has exited."""
@@ -241,8 +262,14 @@ class TrackedProcess:
             rss=_resident_bytes(status), threads=threads,
             ctx_vol=_status_count(status, b"\nvoluntary_ctxt_switches:"),
             ctx_invol=_status_count(status, b"\nnonvoluntary_ctxt_switches:"), thread_cpu=self._thread_cpu(),
-            run_delay_s=self._run_delay(),
+            run_delay_s=self._run_delay(), gpu=self._holds_gpu(),
         )
+
+    def _holds_gpu(self) -> bool | None:
+        now = time.monotonic()
+        if not self._gpu and now - self._gpu_looked_at >= GPU_FILES_EVERY_S:
+            self._gpu, self._gpu_looked_at = holds_gpu_file(self.pid), now
+        return self._gpu
 
     def _run_delay(self) -> float | None:
         """The main thread's run delay: /proc/PID/schedstat is the thread group leader's."""

@@ -7,6 +7,7 @@ import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
 from gpudoctor.collect.procfiles import run_delay_seconds
+from gpudoctor.collect.procfs import holds_gpu_file
 
 
 class PsutilHost:
@@ -27,6 +28,7 @@ class PsutilTree:
     def __init__(self, root: int) -> None:
         self._root = psutil.Process(root)
         self._known: dict[int, psutil.Process] = {}
+        self._on_gpu: set[int] = set()
 
     def sample(self) -> list[ProcEntry]:
         try:
@@ -38,16 +40,24 @@ class PsutilTree:
         self._known = current
         rows = []
         for process in current.values():
-            row = _psutil_process_sample(process)
+            row = _psutil_process_sample(process, self._holds_gpu(process.pid))
             if row is not None:
                 rows.append(row)
         return rows
+
+    def _holds_gpu(self, pid: int) -> bool | None:
+        if pid in self._on_gpu:
+            return True
+        held = holds_gpu_file(pid)
+        if held:
+            self._on_gpu.add(pid)
+        return held
 
     def close(self) -> None:
         pass
 
 
-def _psutil_process_sample(process: psutil.Process) -> ProcEntry | None:
+def _psutil_process_sample(process: psutil.Process, gpu: bool | None) -> ProcEntry | None:
     try:
         with process.oneshot():
             times = process.cpu_times()
@@ -57,7 +67,7 @@ def _psutil_process_sample(process: psutil.Process) -> ProcEntry | None:
                 rss=process.memory_info().rss, threads=process.num_threads(), ctx_vol=switches.voluntary,
                 ctx_invol=switches.involuntary,
                 thread_cpu={str(th.id): th.user_time + th.system_time for th in process.threads()},
-                run_delay_s=_run_delay(process.pid),
+                run_delay_s=_run_delay(process.pid), gpu=gpu,
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None

@@ -30,7 +30,7 @@ from gpudoctor.analysis import Run
 from gpudoctor.analysis.summary import PhaseTime, breakdown
 from gpudoctor.analysis.timebase import reference_step, step_source, step_time, window_distortion
 from gpudoctor.analysis.timeline import MAX_POINTS
-from gpudoctor.analysis.views import Step
+from gpudoctor.analysis.views import Location, StartedProcess, Step
 from gpudoctor.bundle import SCHEMA_VERSION
 from gpudoctor.bundle.findings import FindingJson, FindingRecord, LocationJson
 from gpudoctor.bundle.manifest import Target, WindowSettings
@@ -93,7 +93,37 @@ def _not_measured(run: Run) -> list[NotMeasuredRow]:
             rows.append({"what": COLLECTOR_LABELS.get(name, name), "reason": info.reason or "unknown"})
     if run.trace_only:
         rows.append({"what": "host, process and GPU samples", "reason": "only a trace was analysed, not a run bundle"})
+    rows += [{"what": f"the work of {_started_text(group, run)}", "reason": _unprofiled_reason(group)}
+             for group in _unprofiled_groups(run)]
     return rows
+
+
+def _unprofiled_groups(run: Run) -> list[list[StartedProcess]]:
+    """The processes the script started that did work of their own, grouped by what they run and where."""
+    groups: dict[tuple[str | None, Location | None], list[StartedProcess]] = {}
+    for process in run.started_processes:
+        if process.worked:
+            groups.setdefault((process.target, process.location), []).append(process)
+    return list(groups.values())
+
+
+def _started_text(group: list[StartedProcess], run: Run) -> str:
+    """'2 processes the script started to run train (main.py:87)'."""
+    first = group[0]
+    count = "1 process" if len(group) == 1 else f"{len(group)} processes"
+    runs = f" to run {first.target}" if first.target else ""
+    where = first.location
+    at = f" ({_shown_file(where.file, run.manifest.cwd)}:{where.line})" if where else ""
+    return f"{count} the script started{runs}{at}"
+
+
+def _unprofiled_reason(group: list[StartedProcess]) -> str:
+    they, their = ("it", "its") if len(group) == 1 else ("they", "their")
+    if any(p.used_gpu for p in group):
+        did = f"{they} used the GPU"
+    else:
+        did = f"{they} used {sum(p.cores or 0.0 for p in group):.1f} cores"
+    return f"{did}, and gpudoctor profiles only the process it runs: {their} steps are not in this report"
 
 
 def _problems(findings: list[FindingRecord]) -> list[FindingRecord]:
@@ -109,7 +139,12 @@ def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list
     return "partial" if not_measured else "healthy"
 
 
-def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status) -> str:
+def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
+             elsewhere: str | None = None) -> str:
+    """`elsewhere` names the processes the script started to do its work, when there are any."""
+    if not steps and elsewhere:
+        return (f"No training step was detected in the script's own process: its work ran in {elsewhere}, which "
+                "gpudoctor does not profile.")
     if not steps:
         return "No training step was detected, so there is no step time to break down."
     problems = _problems(findings)
@@ -121,6 +156,11 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
     cost = f", the largest fix saves ~{largest:.0%} of the step" if largest > 0 else ""
     return f"{idle_text}; {count}{cost}."
+
+
+def _elsewhere(run: Run) -> str | None:
+    groups = _unprofiled_groups(run)
+    return " and ".join(_started_text(group, run) for group in groups) if groups else None
 
 
 def _raised(run: Run) -> str | None:
@@ -313,7 +353,8 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "gpudoctor_version": __version__,
         "run": facts,
         "summary": {
-            "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status)), "gpu_idle_share": idle,
+            "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status, _elsewhere(run))),
+            "gpu_idle_share": idle,
             "healthy": not problems, "problems": len(problems), "status": status,
         },
         "not_measured": not_measured,

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.events import TRACED_WINDOW_STATES
-from gpudoctor.bundle.events import AnyEvent, ForkEvent, LoaderEvent, Phases, ThreadStartEvent
+from gpudoctor.bundle.events import AnyEvent, ForkEvent, LoaderEvent, Phases, ProcessStartEvent, ThreadStartEvent
 from gpudoctor.bundle.layout import TRACE
 from gpudoctor.bundle.records import Site as SiteRecord
 from gpudoctor.bundle.samples import GpuEntry
@@ -150,6 +150,15 @@ class BundleBuilder:
         self._spec.forks += [fork] * count
         return self
 
+    def started_process(self, pid: int | None, target: str | None = "train", start_method: str | None = "spawn", *,
+                        dataloader_worker: bool = False, site: Site = SITE_DEFAULT) -> BundleBuilder:
+        """A process the script started through multiprocessing; `pid` is one given to `process` (its samples),
+        or one never sampled."""
+        self._spec.started.append(ProcessStartEvent(pid=pid, start_method=start_method, target=target,
+                                                    module="__main__", site=self._site(site, "fork"),
+                                                    dataloader_worker=dataloader_worker))
+        return self
+
     def thread(self, name: str = "Thread-1", target: str | None = "worker", *, module: str | None = "__main__",
                daemon: bool = False, site: Site = SITE_DEFAULT, native_id: int | None = None) -> BundleBuilder:
         """A thread the script started (module "torch..." or "multiprocessing..." marks a library's thread).
@@ -174,19 +183,21 @@ class BundleBuilder:
     # -- samples ---------------------------------------------------------------------------------
     def process(self, cores: float | None = None, *, name: str = "python", thread_cores: Sequence[float] | None = None,
                 threads: int | None = None, rss: int = 2 * GiB, ctx_invol_per_s: float = 10.0,
-                ctx_vol_per_s: float = 100.0, ppid: int | None = None, run_delay_share: float | None = 0.0) -> int:
+                ctx_vol_per_s: float = 100.0, ppid: int | None = None, run_delay_share: float | None = 0.0,
+                gpu: bool | None = False) -> int:
         """A process of the script's tree, sampled at a steady rate; the first one added is the script's
         main process, later ones are its children unless `ppid` says otherwise. Returns its pid.
 
         `cores` is its CPU use; `thread_cores` splits it by thread (default: one thread using `cores`);
-        `run_delay_share` the share of the time its main thread waits for a core (None: not measured).
+        `run_delay_share` the share of the time its main thread waits for a core (None: not measured);
+        `gpu` whether it holds a GPU's device file open (None: not looked at).
         """
         split = tuple(thread_cores) if thread_cores is not None else (1.0 if cores is None else cores,)
         processes = self._spec.processes
         pid = self.pid + len(processes) * 10
         parent = ppid if ppid is not None else (self.pid - 1 if not processes else self.pid)
         processes.append(ProcessSpec(pid, parent, name, split, threads if threads is not None else len(split), rss,
-                                     ctx_invol_per_s, ctx_vol_per_s, run_delay_share))
+                                     ctx_invol_per_s, ctx_vol_per_s, run_delay_share, gpu))
         return pid
 
     def workers(self, n: int, cores: float = 1.0, **kwargs: Any) -> list[int]:

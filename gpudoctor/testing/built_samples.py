@@ -77,7 +77,7 @@ def _proc_entry(p: ProcessSpec, elapsed: float) -> ProcEntry:
     tids = [str(p.pid)] + [str(p.pid * 100 + i) for i in range(1, len(p.thread_cores))]
     return ProcEntry(
         pid=p.pid, ppid=p.ppid, name=p.name, cpu_s=p.cores * elapsed, rss=p.rss, threads=p.threads,
-        ctx_vol=int(p.ctx_vol_per_s * elapsed), ctx_invol=int(p.ctx_invol_per_s * elapsed),
+        ctx_vol=int(p.ctx_vol_per_s * elapsed), ctx_invol=int(p.ctx_invol_per_s * elapsed), gpu=p.gpu,
         thread_cpu={tid: cores * elapsed for tid, cores in zip(tids, p.thread_cores)},
         run_delay_s=None if p.run_delay_share is None else p.run_delay_share * elapsed,
     )

@@ -18,6 +18,7 @@ from gpudoctor.bundle.events import (
     GilSummary,
     LoaderEvent,
     Phases,
+    ProcessStartEvent,
     SyncRow,
     ThreadStartEvent,
 )
@@ -87,6 +88,7 @@ class ProcessSpec:
     ctx_invol_per_s: float
     ctx_vol_per_s: float
     run_delay_share: float | None = None  # seconds per second the main thread waits for a core
+    gpu: bool | None = False  # holds a GPU's device file open (None: not looked at)
 
     @property
     def cores(self) -> float:
@@ -171,6 +173,7 @@ class BundleSpec:
     copies: list[tuple[int | None, CopyRow]] = field(default_factory=list)  # (step, row); None: every window step
     syncs: list[tuple[int | None, SyncRow]] = field(default_factory=list)
     forks: list[ForkEvent] = field(default_factory=list)
+    started: list[ProcessStartEvent] = field(default_factory=list)
     threads: list[ThreadStartEvent] = field(default_factory=list)
     processes: list[ProcessSpec] = field(default_factory=list)
     host: HostSpec | None = None
