@@ -66,8 +66,19 @@ def _uses_a_gpu(run: Run) -> bool:
 
 def _loader_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
     where = f" at {loader.location}" if loader.location else ""
+    if _indexes_tensors_per_sample(loader):
+        sampler = loader.sampler if loader.sampler in ("RandomSampler", "SequentialSampler") else "RandomSampler"
+        return (f"DataLoader(dataset, sampler=BatchSampler({sampler}(dataset), batch_size={loader.batch_size}, "
+                f"drop_last={loader.drop_last}), batch_size=None){where}: the TensorDataset then takes one index "
+                "per batch instead of one per sample (workers would add the cost of sending each batch between "
+                "processes)")
     pinning = " pin_memory=True," if pin and not loader.pin_memory else ""
     return f"DataLoader(..., num_workers={workers},{pinning} persistent_workers=True){where}"
+
+
+def _indexes_tensors_per_sample(loader: LoaderInfo) -> bool:
+    """A TensorDataset (tensors already in memory) read one sample at a time and collated into a batch."""
+    return loader.dataset == "TensorDataset" and loader.batch_size is not None
 
 
 def _severity(share: float) -> str:
@@ -90,7 +101,11 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
 
     Fix: `DataLoader(dataset, batch_size=32, num_workers=N, pin_memory=True, persistent_workers=True)`,
     N from the cores available; the workers load the next batches while the GPU computes (`pin_memory` is
-    suggested only when the script uses a GPU).
+    suggested only when the script uses a GPU). A `TensorDataset` is in memory already: its cost is one
+    index and one collate per sample, and workers would add the cost of sending each batch between
+    processes, so the fix there is a `BatchSampler` with `batch_size=None`, one index per batch (a
+    LightningModule on a TensorDataset of 200,000 samples, batch 256, on an H100: predicted 33%; two
+    pinned workers measured 7%, the BatchSampler 36%).
 
     Severity: critical when the GPU idles at least half of each step waiting for data, else warning.
 

@@ -111,7 +111,8 @@ def test_dataloader_with_worker_processes(gd: Gpudoctor) -> None:
     result = gd.profile(script("loader_workers.py"))
     assert result.returncode == 0, result
     assert "loader_workers: total 120" in result.stdout
-    assert [e.num_workers for e in result.events(LoaderEvent)] == [2]
+    assert [(e.num_workers, e.dataset, e.sampler) for e in result.events(LoaderEvent)] == [
+        (2, "Numbers", "SequentialSampler")]
     # Forked workers must not write into the bundle: only the script's own process reports steps.
     assert len(result.events(StepEvent)) == 4
     assert {e.pid for e in result.events(EndEvent)} == {result.manifest()["child"]["process"]["pid"]}

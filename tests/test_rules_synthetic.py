@@ -27,6 +27,27 @@ def test_loader_in_main_process_suggests_workers_from_the_cores(tmp_path) -> Non
     assert findings[0]["impact"] == pytest.approx(0.6, abs=0.02)
 
 
+def test_a_tensor_dataset_read_per_sample_is_told_to_index_whole_batches(tmp_path) -> None:
+    """Workers add the cost of sending each batch between processes to a dataset that is in memory already."""
+    b = BundleBuilder(tmp_path)
+    b.loader(num_workers=0, batch_size=256, dataset="TensorDataset", sampler="RandomSampler",
+             site=("train.py", 41, "main"))
+    b.steps(6, wall_s=0.1, data_wait_s=0.03, gpu_busy_s=0.01)
+    [finding] = assert_fires("GD101", b.build(), count=1)
+    assert finding["fix"].startswith("DataLoader(dataset, sampler=BatchSampler(RandomSampler(dataset), "
+                                     "batch_size=256, drop_last=False), batch_size=None) at train.py:41")
+    assert "num_workers" not in finding["fix"]
+    assert finding["impact"] == pytest.approx(0.3, abs=0.02)
+
+
+def test_a_tensor_dataset_indexed_by_batches_is_told_about_workers(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.loader(num_workers=0, batch_size=None, dataset="TensorDataset", sampler="BatchSampler")
+    b.steps(6, wall_s=0.1, data_wait_s=0.03, gpu_busy_s=0.01)
+    [finding] = assert_fires("GD101", b.build(), count=1)
+    assert finding["fix"].startswith("DataLoader(..., num_workers=")
+
+
 def test_loader_in_main_process_is_silent_below_its_threshold(tmp_path) -> None:
     assert_silent("GD101", starved(tmp_path, wait=0.01).build())
 

@@ -477,5 +477,6 @@ def _loader_info(e: LoaderEvent) -> LoaderInfo:
     return LoaderInfo(
         location=Location.from_site(e.site), num_workers=e.num_workers, pin_memory=e.pin_memory,
         batch_size=e.batch_size, prefetch_factor=e.prefetch_factor, persistent_workers=e.persistent_workers,
-        dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method,
+        dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method, sampler=e.sampler,
+        drop_last=e.drop_last,
     )

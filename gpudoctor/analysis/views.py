@@ -93,6 +93,8 @@ class LoaderInfo:
     dataset: str
     dataset_len: int | None
     start_method: str | None
+    sampler: str | None = None
+    drop_last: bool = False
 
 
 @dataclass(frozen=True)

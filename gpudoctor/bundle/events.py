@@ -179,6 +179,7 @@ class LoaderEvent(Record, Event, tag="loader", frozen=True):
     dataset: str = ""
     dataset_len: int | None = None
     start_method: str | None = None
+    sampler: str | None = None  # its sampler's class: RandomSampler for shuffle=True, SequentialSampler by default
     t: float | None = None
 
 

@@ -416,7 +416,7 @@ def _loader_event(loader: Any) -> LoaderEvent:
         persistent_workers=loader.persistent_workers, drop_last=loader.drop_last,
         dataset=type(loader.dataset).__qualname__, dataset_len=_safe_len(loader.dataset),
         start_method=context.get_start_method() if context is not None else
-        multiprocessing.get_start_method(allow_none=True),
+        multiprocessing.get_start_method(allow_none=True), sampler=type(loader.sampler).__qualname__,
     )
 
 

@@ -113,14 +113,14 @@ class BundleBuilder:
     def loader(self, num_workers: int = 0, pin_memory: bool = False, batch_size: int | None = 32, *,
                site: Site = SITE_DEFAULT, prefetch_factor: int | None = None, persistent_workers: bool = False,
                drop_last: bool = False, dataset: str = "Dataset", dataset_len: int | None = None,
-               start_method: str | None = None) -> BundleBuilder:
+               start_method: str | None = None, sampler: str | None = "SequentialSampler") -> BundleBuilder:
         """A DataLoader the script iterated (the first one is `run.loader.main`)."""
         self._spec.loaders.append(LoaderEvent(
             loader_id=_FIRST_LOADER_ID + len(self._spec.loaders), site=self._site(site, "loader"),
             num_workers=num_workers, pin_memory=pin_memory, batch_size=batch_size,
             prefetch_factor=prefetch_factor if prefetch_factor is not None or not num_workers else 2,  # torch's default
             persistent_workers=persistent_workers, drop_last=drop_last, dataset=dataset, dataset_len=dataset_len,
-            start_method=start_method,
+            start_method=start_method, sampler=sampler,
         ))
         return self
 
