@@ -136,6 +136,22 @@ SYNC_FIXES = {
 }
 
 
+# A library's own synchronizing call, made for the user's line: what to change there instead.
+LIBRARY_SYNC_FIXES = {
+    "torch.amp.grad_scaler": "GradScaler.step() reads whether any gradient overflowed with .item() every step; on "
+                             "a GPU with bfloat16 (Ampere and later), autocast(dtype=torch.bfloat16) needs no "
+                             "GradScaler and no read",
+}
+
+
+def _sync_fix(site: SyncSite) -> str:
+    if site.via is None:
+        return SYNC_FIXES.get(site.kind, "move the call out of the step")
+    library = next((fix for module, fix in LIBRARY_SYNC_FIXES.items() if site.via.startswith(module)), None)
+    return library or (f"the call is made by {site.via} for this line: look for its option to read values less "
+                       "often (logging, progress, checks), or call this line every N steps")
+
+
 def _stall_share(run: Run, wall: float) -> float | None:
     stall = run.sync_stall_s  # summed over the analysed steps
     return None if stall is None else stall / (wall * len(run.steps))
@@ -156,7 +172,9 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     Example: `running_loss += loss.item()` and `print(f"loss {loss}")` in every step.
 
     Fix: keep values on the GPU (`running = running + loss.detach()`) and read them once every N steps;
-    drop `torch.cuda.synchronize()` and `empty_cache()` from the step.
+    drop `torch.cuda.synchronize()` and `empty_cache()` from the step. Where a library makes the call for
+    the user's line, the finding names it and the fix is that library's: `torch.amp.GradScaler.step()` reads
+    its overflow flag every step, which bfloat16 autocast does without.
 
     Impact: what the step loses to the synchronizing calls, shared among the lines by their number of
     calls (each sync costs one drain-and-refill of the GPU's queue): the lesser of two shares of the step.
@@ -181,13 +199,14 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
         impact = blocked if stall is None else stall * site.count / calls
         if site.count / steps < min_calls_per_step or max(impact, blocked) < min_share:
             continue
+        made_by = f" in {site.via}" if site.via else ""
         yield Finding(
-            f"{_call_name(site.kind)} makes the host wait for the GPU {site.count / steps:.0f}× per step",
+            f"{_call_name(site.kind)}{made_by} makes the host wait for the GPU {site.count / steps:.0f}× per step",
             impact=impact, location=site.location, count=site.count,
             evidence={"calls per step": round(site.count / steps, 1),
                       "host blocked per step": (round(site.host_s / steps * 1e3, 2), "ms"),
                       "longest wait": (round(site.max_s * 1e3, 2), "ms")},
-            fix=SYNC_FIXES.get(site.kind, "move the call out of the step"),
+            fix=_sync_fix(site),
         )
 
 

@@ -25,7 +25,9 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     than that, the GPU idles between kernels. Small batches are the usual cause.
 
     Fix: raise the batch size (the memory headroom measured says how far), or cut launches with
-    `torch.compile(model)` or CUDA graphs.
+    `torch.compile(model)`; a model compiled already, with `mode="reduce-overhead"` (CUDA graphs); a step
+    that replays CUDA graphs already, by compiling what launches outside them (the optimizer step). A
+    residual MLP at batch 64 on an H100: 4.7-5.2 ms a step eager, 4.4 compiled, 2.5 with CUDA graphs.
 
     Impact: the GPU's idle between launches at the run's pace: the budget's host-side and unexplained
     slices, without the profiler's own cost. CUPTI slows every launch, so the profiled steps show this
@@ -70,8 +72,18 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
         impact=impact, location=(loader.location if loader else None) or run.forward_location,
         evidence=evidence,
-        fix=f"raise the batch size{grow} (memory allows it), or wrap the model in torch.compile(model) to fuse kernels",
+        fix=f"raise the batch size{grow} (memory allows it), or {_fewer_launches(run)}",
     )
+
+
+def _fewer_launches(run: Run) -> str:
+    """How to cut launches, from what the step does already."""
+    if run.replays_cuda_graphs:
+        return ("compile what launches outside the CUDA graphs the step replays already (the optimizer step: "
+                "torch.compile a function that calls optimizer.step())")
+    if run.forward_module == "OptimizedModule":
+        return 'replay the compiled model as CUDA graphs: torch.compile(model, mode="reduce-overhead")'
+    return "wrap the model in torch.compile(model) to fuse kernels"
 
 
 def _memory_headroom(steps: list, run: Run) -> float | None:

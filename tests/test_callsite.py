@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.bundle.records import Site
+from gpudoctor.collect.instrument import _library_caller
 
 LIBRARY = '''
 from gpudoctor.collect.callsite import user_location
@@ -16,6 +17,11 @@ from gpudoctor.collect.callsite import user_location
 
 def where():
     return patched_call()
+
+
+def calls(function):
+    """Stands for library code that makes a call gpudoctor wraps (GradScaler.step() reading .item())."""
+    return function()
 
 
 def patched_call():
@@ -49,3 +55,14 @@ def test_a_folder_of_plain_modules_on_the_path_is_the_users_code(tmp_path, monke
     site = library.where()
     assert isinstance(site, Site)
     assert (Path(site.file), site.function) == (tmp_path / "minitrainer" / "__init__.py", "where")
+
+
+def _sync_wrapper():
+    """Stands for gpudoctor's wrapper of a synchronizing call: it asks who called it."""
+    return _library_caller()
+
+
+def test_a_call_a_library_makes_for_the_users_line_names_the_library(tmp_path, monkeypatch):
+    library = _import_library(tmp_path, monkeypatch, installed=True)
+    assert library.calls(_sync_wrapper) == "minitrainer"
+    assert _sync_wrapper() is None  # the user's own call

@@ -238,6 +238,39 @@ def test_launch_bound_steps_fire_on_tiny_kernels(tmp_path) -> None:
     assert findings[0]["impact"] == pytest.approx(0.7, abs=0.03)
 
 
+def _launch_bound(tmp_path, module: str | None = None, graphs: bool = False) -> BundleBuilder:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.01, gpu_busy_s=0.003, kernels=200)
+    if module:
+        b.forward_site(module)
+    if graphs:
+        for step in range(5):
+            b.cuda_call("cudaGraphLaunch", step=step, dur=0.00002)
+    return b
+
+
+@pytest.mark.parametrize(("module", "graphs", "advice"), [
+    ("Net", False, "wrap the model in torch.compile(model)"),
+    ("OptimizedModule", False, 'torch.compile(model, mode="reduce-overhead")'),
+    ("OptimizedModule", True, "compile what launches outside the CUDA graphs the step replays already"),
+])
+def test_launch_bound_fix_builds_on_what_the_step_does_already(tmp_path, module, graphs, advice) -> None:
+    [finding] = assert_fires("GD301", _launch_bound(tmp_path, module, graphs).build(), count=1)
+    assert advice in finding["fix"]
+
+
+def test_a_sync_that_torch_amp_makes_for_the_line_gets_its_own_fix(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.1)
+    b.sync("item", host_s=0.01, via="torch.amp.grad_scaler", site=("train.py", 60, "main"))
+    b.sync("item", host_s=0.01, via="lightning.pytorch.loops.fetchers", site=("train.py", 70, "main"))
+    b.without_trace()
+    scaler, library = assert_fires("GD211", b.build(), count=2)
+    assert scaler["title"].startswith(".item() in torch.amp.grad_scaler makes the host wait")
+    assert "bfloat16" in scaler["fix"] and "loss.detach()" not in scaler["fix"]
+    assert library["fix"].startswith("the call is made by lightning.pytorch.loops.fetchers for this line")
+
+
 def test_sync_cost_without_a_gpu_timeline_is_the_blocked_time(tmp_path) -> None:
     b = BundleBuilder(tmp_path)
     b.steps(5, wall_s=0.1)

@@ -17,7 +17,7 @@ from gpudoctor.analysis.samples import around, gpu_series, host_series, process_
 from gpudoctor.analysis.sites import copy_sites, sync_sites
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
 from gpudoctor.analysis.threads import python_threads_sharing
-from gpudoctor.analysis.trace import TraceData, parse_trace
+from gpudoctor.analysis.trace import GRAPH_LAUNCH, TraceData, parse_trace
 from gpudoctor.analysis.views import (
     CopySite,
     Env,
@@ -363,6 +363,17 @@ class Run:
     def backward_location(self) -> Location | None:
         """Where the script calls backward() (the first line seen in the window's detail steps)."""
         return next((Location.from_site(e.site) for e in self.events(BackwardSiteEvent)), None)
+
+    @cached_property
+    def forward_module(self) -> str | None:
+        """The class of the outermost model the script calls ("OptimizedModule" for a torch.compile'd one)."""
+        return next((e.module for e in self.events(ForwardSiteEvent) if e.module), None)
+
+    @cached_property
+    def replays_cuda_graphs(self) -> bool:
+        """Whether the profiled steps launch CUDA graphs (cudaGraphLaunch in the trace)."""
+        trace = self.trace
+        return trace is not None and any(call.name == GRAPH_LAUNCH for call in trace.runtime)
 
     @cached_property
     def forward_location(self) -> Location | None:

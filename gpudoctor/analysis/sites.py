@@ -33,9 +33,9 @@ def sync_sites(steps: Iterable[StepEvent]) -> list[SyncSite]:
     groups: dict[tuple[object, ...], list[SyncRow]] = defaultdict(list)
     for step in steps:
         for row in step.syncs or ():
-            key = (row.kind, *_line(row.site))
+            key = (row.kind, row.via, *_line(row.site))
             groups[key].append(row)
     sites = [SyncSite(rows[0].kind, sum(r.count for r in rows), sum(r.host_s for r in rows),
-                      max(r.max_s for r in rows), Location.from_site(rows[0].site))
+                      max(r.max_s for r in rows), Location.from_site(rows[0].site), rows[0].via)
              for rows in groups.values()]
     return sorted(sites, key=lambda s: -s.host_s)

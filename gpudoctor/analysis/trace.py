@@ -37,7 +37,9 @@ _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.+)$")
 # The runtime calls that block the host until the GPU is done. Not cudaStreamWaitEvent: it only makes one stream
 # wait for another, on the GPU, and returns at once (cuDNN's LSTM makes 165 of them a step, each ~0.6 µs).
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
-SYNC_RUNTIME = frozenset((*SYNC_CALLS, "cudaMemcpy"))  # the runtime calls the views use (sync stalls)
+GRAPH_LAUNCH = "cudaGraphLaunch"  # a CUDA graph replayed: torch.compile's mode="reduce-overhead", CUDAGraph
+# The runtime calls the views use: sync stalls, and whether the step replays CUDA graphs
+SYNC_RUNTIME = frozenset((*SYNC_CALLS, "cudaMemcpy", GRAPH_LAUNCH))
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _KIND_CODES = {cat: GPU_KINDS.index(kind) for cat, kind in GPU_CATEGORIES.items()}
 DETAIL_MAX_BYTES = 32 << 20  # JSON size up to which every host event is kept
@@ -104,8 +106,8 @@ class TraceData:
     steps: dict[int, tuple[float, float]] = field(default_factory=dict)  # ProfilerStep#N -> (start, end)
     device_properties: list[dict[str, Any]] = field(default_factory=list)
     # True: every CUDA runtime call, cpu_op, python_function and annotation was kept. False (a big trace):
-    # only synchronizing calls (SYNC_RUNTIME) and the ProfilerStep#, gpudoctor/ and DataLoader annotations;
-    # `ops` and `python` are empty.
+    # only synchronizing calls and graph launches (SYNC_RUNTIME) and the ProfilerStep#, gpudoctor/ and
+    # DataLoader annotations; `ops` and `python` are empty.
     detail: bool = True
 
     @property

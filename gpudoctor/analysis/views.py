@@ -136,6 +136,7 @@ class SyncSite:
     host_s: float
     max_s: float
     location: Location | None
+    via: str | None = None  # the library module that made the calls for that line
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class SyncRow(Record, frozen=True):
     host_s: Seconds = 0.0
     max_s: Seconds = 0.0
     site: Site | None = None
+    via: str | None = None  # the library module that made the call for that line (torch.amp.grad_scaler, ...)
 
 
 class GilSummary(Record, frozen=True):

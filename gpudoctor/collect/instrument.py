@@ -32,7 +32,7 @@ from gpudoctor.bundle.events import (
     ThreadStartEvent,
     TorchEvent,
 )
-from gpudoctor.collect.callsite import user_location
+from gpudoctor.collect.callsite import user_frame_from, user_location
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.patches import Patches
@@ -326,7 +326,7 @@ class Instrumentation:
                 try:
                     started = perf_counter()
                     result = original(*args, **kwargs)
-                    recorder.add_sync(kind, perf_counter() - started, user_location())
+                    recorder.add_sync(kind, perf_counter() - started, user_location(), _library_caller())
                     return result
                 finally:
                     local.busy = False
@@ -383,6 +383,15 @@ def _non_blocking(args: tuple, kwargs: dict) -> bool:
     # In to(device, dtype, non_blocking, copy), cuda(device, non_blocking) and copy_(src, non_blocking)
     # the first positional bool is non_blocking.
     return next((a for a in args if isinstance(a, bool)), False)
+
+
+def _library_caller() -> str | None:
+    """The module that called the wrapped function, when that is a library's and not the user's code."""
+    frame = sys._getframe(2)  # this function's caller is the wrapper; the wrapper's, the code that called it
+    caller = frame.f_code.co_filename
+    if user_frame_from(frame) is frame or caller.startswith("<"):
+        return None
+    return frame.f_globals.get("__name__")
 
 
 def _in_dataloader_stack() -> bool:

@@ -47,7 +47,7 @@ IN_WINDOW = (window_states.WARMUP, window_states.ACTIVE, window_states.DETAIL)
 
 ExceptionDetails = tuple[str, str, "Site | None"]  # what the script raised: its type, message and where
 CopyKey = tuple[str, "bool | None", bool, str, int, str]  # direction, pinned, non_blocking, file, line, function
-SyncKey = tuple[str, str, int, str]  # kind, file, line, function
+SyncKey = tuple[str, str | None, str, int, str]  # kind, via, file, line, function
 
 
 class MaxStepsReached(SystemExit):
@@ -105,9 +105,10 @@ def _copy_row(key: CopyKey, totals: list[float]) -> CopyRow:
 
 
 def _sync_row(key: SyncKey, totals: list[float]) -> SyncRow:
-    kind, file, line, function = key
+    kind, via, file, line, function = key
     count, seconds, longest = totals
-    return SyncRow(kind=kind, count=int(count), host_s=seconds, max_s=longest, site=_site(file, line, function))
+    return SyncRow(kind=kind, count=int(count), host_s=seconds, max_s=longest, site=_site(file, line, function),
+                   via=via)
 
 
 def _site(file: str, line: int, function: str) -> Site | None:
@@ -227,8 +228,9 @@ class Recorder:
             totals[2] += seconds
             totals[3] = max(totals[3], seconds)
 
-    def add_sync(self, kind: str, seconds: float, site: Site | None) -> None:
-        key = (kind, *_site_key(site))
+    def add_sync(self, kind: str, seconds: float, site: Site | None, via: str | None = None) -> None:
+        """`via`: the library module that made the call, when the user's line (`site`) did not make it itself."""
+        key = (kind, via, *_site_key(site))
         with self._lock:
             totals = self.current.syncs.setdefault(key, [0, 0.0, 0.0])
             totals[0] += 1

@@ -14,7 +14,15 @@ from typing import Any
 
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.events import TRACED_WINDOW_STATES
-from gpudoctor.bundle.events import AnyEvent, ForkEvent, LoaderEvent, Phases, ProcessStartEvent, ThreadStartEvent
+from gpudoctor.bundle.events import (
+    AnyEvent,
+    ForkEvent,
+    ForwardSiteEvent,
+    LoaderEvent,
+    Phases,
+    ProcessStartEvent,
+    ThreadStartEvent,
+)
 from gpudoctor.bundle.layout import TRACE
 from gpudoctor.bundle.records import Site as SiteRecord
 from gpudoctor.bundle.samples import GpuEntry
@@ -38,7 +46,7 @@ from gpudoctor.testing.spec import (
     StepSpec,
 )
 
-_DEFAULT_LINES = {"loader": 40, "thread": 30, "fork": 40, "copy": 52, "sync": 58}
+_DEFAULT_LINES = {"loader": 40, "thread": 30, "fork": 40, "copy": 52, "sync": 58, "forward": 50}
 _FIRST_LOADER_ID = 140_000_000_000  # id() of a DataLoader, as the recorder reports it
 
 
@@ -134,11 +142,12 @@ class BundleBuilder:
         return self
 
     def sync(self, kind: str = "item", *, host_s: float = 0.001, count: int = 1, max_s: float | None = None,
-             site: Site = SITE_DEFAULT, step: int | None = None) -> BundleBuilder:
+             site: Site = SITE_DEFAULT, step: int | None = None, via: str | None = None) -> BundleBuilder:
         """Synchronizing calls (item, tolist, bool, float, int, print, synchronize, empty_cache) from one
-        call site, per step: in step `step`, or (None) in every window step."""
+        call site, per step: in step `step`, or (None) in every window step. `via` names the library module
+        that made them for that line."""
         row = given.sync_row({"kind": kind, "host_s": host_s, "count": count, "max_s": max_s,
-                              "site": self._site(site, "sync")})
+                              "site": self._site(site, "sync"), "via": via})
         self._spec.syncs.append((step, row))
         return self
 
@@ -157,6 +166,11 @@ class BundleBuilder:
         self._spec.started.append(ProcessStartEvent(pid=pid, start_method=start_method, target=target,
                                                     module="__main__", site=self._site(site, "fork"),
                                                     dataloader_worker=dataloader_worker))
+        return self
+
+    def forward_site(self, module: str = "Model", *, site: Site = SITE_DEFAULT) -> BundleBuilder:
+        """Where the script calls its outermost model, and that model's class ("OptimizedModule": compiled)."""
+        self._spec.forward_sites.append(ForwardSiteEvent(module=module, site=self._site(site, "forward")))
         return self
 
     def thread(self, name: str = "Thread-1", target: str | None = "worker", *, module: str | None = "__main__",

@@ -17,6 +17,7 @@ from gpudoctor.bundle.events import (
     EndEvent,
     EnvWindowEvent,
     ForkEvent,
+    ForwardSiteEvent,
     LoaderEvent,
     ProcessEvent,
     ProcessFacts,
@@ -32,7 +33,7 @@ from gpudoctor.bundle.events import (
 from gpudoctor.bundle.layout import TRACE
 from gpudoctor.testing.spec import H100, H100_MEMORY, BundleSpec, GiB, StepSpec
 
-Timed = TypeVar("Timed", ThreadStartEvent, LoaderEvent, ForkEvent, ProcessStartEvent)
+Timed = TypeVar("Timed", ThreadStartEvent, LoaderEvent, ForkEvent, ProcessStartEvent, ForwardSiteEvent)
 KILLED = ("signal", "timeout")  # endings whose process wrote no end event
 EXPORT_S = 0.05  # how long the closing window took to write its trace
 
@@ -47,6 +48,7 @@ def events(spec: BundleSpec) -> list[AnyEvent]:
     out += _timed(spec.loaders, t0 - 1.5)
     out += _timed(spec.forks, t0 - 1.0)
     out += _timed(spec.started, t0 - 0.5)
+    out += _timed(spec.forward_sites, t0 - 0.4)
     if spec.steps:
         out.append(StepSourceEvent(source=spec.steps[0].source, at_step=0, t=t0))
     out += _step_and_window_events(spec)

@@ -15,6 +15,7 @@ from gpudoctor.bundle.events import (
     CudaDevice,
     CudaMemory,
     ForkEvent,
+    ForwardSiteEvent,
     GilSummary,
     LoaderEvent,
     Phases,
@@ -174,6 +175,7 @@ class BundleSpec:
     syncs: list[tuple[int | None, SyncRow]] = field(default_factory=list)
     forks: list[ForkEvent] = field(default_factory=list)
     started: list[ProcessStartEvent] = field(default_factory=list)
+    forward_sites: list[ForwardSiteEvent] = field(default_factory=list)
     threads: list[ThreadStartEvent] = field(default_factory=list)
     processes: list[ProcessSpec] = field(default_factory=list)
     host: HostSpec | None = None
