@@ -30,6 +30,7 @@ PAIRS = (
     FixturePair(("GD211",), "sync_point_bad", "sync_point_fixed"),
     FixturePair(("GD211",), "lm_manual_sgd_bad", "lm_manual_sgd_fixed"),
     FixturePair(("GD211",), "gan_two_optimizers_bad", "gan_two_optimizers_fixed"),
+    FixturePair(("GD211",), "amp_scaler_bad", "amp_scaler_fixed"),
     FixturePair(("GD301",), "small_batch_bad", "small_batch_fixed", per_sample=True),
     FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_fixed", per_sample=True),
     FixturePair(("GD501",), "gil_contention_bad", "gil_contention_fixed"),
