@@ -19,6 +19,7 @@ from gpudoctor.bundle.samples import HostRow, ProcEntry
 from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file, run_delay_seconds
 
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
+LOADER_WORKER = "pt_data_worker"  # what torch names a DataLoader worker process
 GPU_FILES_EVERY_S = 1.0  # how often a process's open files are looked at, until one is a GPU's
 NEW_PIDS_MAX = 32  # more new pids than this since the last sample are left to the next walk of the tree
 HOST_READ_SIZE = 65536  # first read size for /proc/stat and /proc/vmstat; a longer file is read again whole
@@ -266,6 +267,8 @@ class TrackedProcess:
         )
 
     def _holds_gpu(self) -> bool | None:
+        if self._name == LOADER_WORKER:
+            return None  # a DataLoader worker is never one of the processes the report names (and may be many)
         now = time.monotonic()
         if not self._gpu and now - self._gpu_looked_at >= GPU_FILES_EVERY_S:
             self._gpu, self._gpu_looked_at = holds_gpu_file(self.pid), now
