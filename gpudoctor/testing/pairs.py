@@ -22,6 +22,7 @@ PAIRS = (
     FixturePair(("GD101",), "data_starvation_bad", "data_starvation_fixed"),
     FixturePair(("GD102",), "data_starvation_workers_bad", "data_starvation_workers_fixed"),
     FixturePair(("GD102",), "classifier_few_workers_bad", "classifier_few_workers_fixed"),
+    FixturePair(("GD101",), "tensor_dataset_bad", "tensor_dataset_fixed"),
     FixturePair(("GD103",), "data_starvation_cpu_bound_bad", "data_starvation_cpu_bound_fixed"),
     FixturePair(("GD201",), "blocking_copy_bad", "blocking_copy_fixed"),
     FixturePair(("GD203",), "blocking_copy_d2h_bad", "blocking_copy_d2h_fixed"),
