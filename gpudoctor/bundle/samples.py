@@ -53,6 +53,9 @@ class HostRow(Merged, kw_only=True, frozen=True):
     job_cpu: dict[str, float] | None = None
 
 
+LOADER_WORKER_NAME = "pt_data_worker"  # the name torch gives a DataLoader worker process (ProcEntry.name)
+
+
 class ProcEntry(Merged, kw_only=True, frozen=True):
     """One process of the script's tree. CPU seconds and context switches are running totals."""
 

@@ -15,11 +15,10 @@ from collections import defaultdict
 
 import psutil
 
-from gpudoctor.bundle.samples import HostRow, ProcEntry
+from gpudoctor.bundle.samples import LOADER_WORKER_NAME, HostRow, ProcEntry
 from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file, run_delay_seconds
 
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
-LOADER_WORKER = "pt_data_worker"  # what torch names a DataLoader worker process
 GPU_FILES_EVERY_S = 1.0  # how often a process's open files are looked at, until one is a GPU's
 NEW_PIDS_MAX = 32  # more new pids than this since the last sample are left to the next walk of the tree
 HOST_READ_SIZE = 65536  # first read size for /proc/stat and /proc/vmstat; a longer file is read again whole
@@ -190,6 +189,26 @@ def holds_gpu_file(pid: int) -> bool | None:
     return False
 
 
+class GpuFileLook:
+    """Whether one process holds a GPU's device file open, looked at every GPU_FILES_EVERY_S until it does.
+
+    A DataLoader worker is not looked at: the report never names one, and a loader may have many.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._held: bool | None = None
+        self._looked_at = float("-inf")
+
+    def holds(self, name: str) -> bool | None:
+        if name == LOADER_WORKER_NAME:
+            return None
+        now = time.monotonic()
+        if not self._held and now - self._looked_at >= GPU_FILES_EVERY_S:
+            self._held, self._looked_at = holds_gpu_file(self.pid), now
+        return self._held
+
+
 def _descendants(rows: list[ProcEntry], root: int) -> set[int]:
     """The pids among rows that descend from root through parents also among rows."""
     children: dict[int | None, list[int]] = defaultdict(list)
@@ -245,8 +264,7 @@ class TrackedProcess:
         self._threads: dict[str, HeldFile | PathFile] = {}
         self._children: dict[str, HeldFile | PathFile] = {}
         self._comm, self._name = b"", ""
-        self._gpu: bool | None = None
-        self._gpu_looked_at = float("-inf")
+        self._gpu_look = GpuFileLook(pid)
 
     def sample(self) -> ProcEntry | None:
         """None once the process has exited."""
@@ -258,21 +276,14 @@ class TrackedProcess:
                 self._list_threads()
         except OSError:
             return None
+        name = self._name_of(comm)
         return ProcEntry(
-            pid=self.pid, ppid=int(fields[1]), name=self._name_of(comm), cpu_s=_tick_seconds(fields[11], fields[12]),
+            pid=self.pid, ppid=int(fields[1]), name=name, cpu_s=_tick_seconds(fields[11], fields[12]),
             rss=_resident_bytes(status), threads=threads,
             ctx_vol=_status_count(status, b"\nvoluntary_ctxt_switches:"),
             ctx_invol=_status_count(status, b"\nnonvoluntary_ctxt_switches:"), thread_cpu=self._thread_cpu(),
-            run_delay_s=self._run_delay(), gpu=self._holds_gpu(),
+            run_delay_s=self._run_delay(), gpu=self._gpu_look.holds(name),
         )
-
-    def _holds_gpu(self) -> bool | None:
-        if self._name == LOADER_WORKER:
-            return None  # a DataLoader worker is never one of the processes the report names (and may be many)
-        now = time.monotonic()
-        if not self._gpu and now - self._gpu_looked_at >= GPU_FILES_EVERY_S:
-            self._gpu, self._gpu_looked_at = holds_gpu_file(self.pid), now
-        return self._gpu
 
     def _run_delay(self) -> float | None:
         """The main thread's run delay: /proc/PID/schedstat is the thread group leader's."""

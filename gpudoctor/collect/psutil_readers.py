@@ -7,7 +7,7 @@ import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
 from gpudoctor.collect.procfiles import run_delay_seconds
-from gpudoctor.collect.procfs import holds_gpu_file
+from gpudoctor.collect.procfs import GpuFileLook
 
 
 class PsutilHost:
@@ -28,7 +28,7 @@ class PsutilTree:
     def __init__(self, root: int) -> None:
         self._root = psutil.Process(root)
         self._known: dict[int, psutil.Process] = {}
-        self._on_gpu: set[int] = set()
+        self._gpu_looks: dict[int, GpuFileLook] = {}
 
     def sample(self) -> list[ProcEntry]:
         try:
@@ -38,36 +38,30 @@ class PsutilTree:
         # Keep one Process object per pid so psutil can tell a reused pid from the same process.
         current = {p.pid: self._known.get(p.pid, p) for p in members}
         self._known = current
+        self._gpu_looks = {pid: self._gpu_looks.get(pid) or GpuFileLook(pid) for pid in current}
         rows = []
         for process in current.values():
-            row = _psutil_process_sample(process, self._holds_gpu(process.pid))
+            row = _psutil_process_sample(process, self._gpu_looks[process.pid])
             if row is not None:
                 rows.append(row)
         return rows
-
-    def _holds_gpu(self, pid: int) -> bool | None:
-        if pid in self._on_gpu:
-            return True
-        held = holds_gpu_file(pid)
-        if held:
-            self._on_gpu.add(pid)
-        return held
 
     def close(self) -> None:
         pass
 
 
-def _psutil_process_sample(process: psutil.Process, gpu: bool | None) -> ProcEntry | None:
+def _psutil_process_sample(process: psutil.Process, gpu: GpuFileLook) -> ProcEntry | None:
     try:
         with process.oneshot():
             times = process.cpu_times()
             switches = process.num_ctx_switches()
+            name = process.name()
             return ProcEntry(
-                pid=process.pid, ppid=process.ppid(), name=process.name(), cpu_s=times.user + times.system,
+                pid=process.pid, ppid=process.ppid(), name=name, cpu_s=times.user + times.system,
                 rss=process.memory_info().rss, threads=process.num_threads(), ctx_vol=switches.voluntary,
                 ctx_invol=switches.involuntary,
                 thread_cpu={str(th.id): th.user_time + th.system_time for th in process.threads()},
-                run_delay_s=_run_delay(process.pid), gpu=gpu,
+                run_delay_s=_run_delay(process.pid), gpu=gpu.holds(name),
             )
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
