@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.bundle.records import Site
-from gpudoctor.collect.instrument import _library_caller
+from gpudoctor.collect.instrument import _site_and_library
 
 LIBRARY = '''
 from gpudoctor.collect.callsite import user_location
@@ -59,10 +59,14 @@ def test_a_folder_of_plain_modules_on_the_path_is_the_users_code(tmp_path, monke
 
 def _sync_wrapper():
     """Stands for gpudoctor's wrapper of a synchronizing call: it asks who called it."""
-    return _library_caller()
+    return _site_and_library()
 
 
 def test_a_call_a_library_makes_for_the_users_line_names_the_library(tmp_path, monkeypatch):
     library = _import_library(tmp_path, monkeypatch, installed=True)
-    assert library.calls(_sync_wrapper) == "minitrainer"
-    assert _sync_wrapper() is None  # the user's own call
+    site, via = library.calls(_sync_wrapper)
+    assert via == "minitrainer"
+    assert site is not None and site.function == "test_a_call_a_library_makes_for_the_users_line_names_the_library"
+    site, via = _sync_wrapper()  # the user's own call
+    assert via is None
+    assert site is not None and site.function == "test_a_call_a_library_makes_for_the_users_line_names_the_library"

@@ -32,7 +32,8 @@ from gpudoctor.bundle.events import (
     ThreadStartEvent,
     TorchEvent,
 )
-from gpudoctor.collect.callsite import user_frame_from, user_location
+from gpudoctor.bundle.records import Site
+from gpudoctor.collect.callsite import location, user_frame_from, user_location
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.patches import Patches
@@ -326,7 +327,7 @@ class Instrumentation:
                 try:
                     started = perf_counter()
                     result = original(*args, **kwargs)
-                    recorder.add_sync(kind, perf_counter() - started, user_location(), _library_caller())
+                    recorder.add_sync(kind, perf_counter() - started, *_site_and_library())
                     return result
                 finally:
                     local.busy = False
@@ -385,13 +386,13 @@ def _non_blocking(args: tuple, kwargs: dict) -> bool:
     return next((a for a in args if isinstance(a, bool)), False)
 
 
-def _library_caller() -> str | None:
-    """The module that called the wrapped function, when that is a library's and not the user's code."""
-    frame = sys._getframe(2)  # this function's caller is the wrapper; the wrapper's, the code that called it
-    caller = frame.f_code.co_filename
-    if user_frame_from(frame) is frame or caller.startswith("<"):
-        return None
-    return frame.f_globals.get("__name__")
+def _site_and_library() -> tuple[Site | None, str | None]:
+    """The user's line that led to the wrapped call, and the module that made the call for it when that is a
+    library's (GradScaler.step() reading .item() for the script's scaler.step line), from one walk of the stack."""
+    caller = sys._getframe(2)  # this function's caller is the wrapper; the wrapper's, the code that called it
+    user = user_frame_from(caller)
+    made_by_user = user is caller or caller.f_code.co_filename.startswith("<")
+    return location(user), None if made_by_user else caller.f_globals.get("__name__")
 
 
 def _in_dataloader_stack() -> bool:
