@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis import DataWait, LoaderInfo, ProcessInfo
-from gpudoctor.bundle.samples import LOADER_WORKER_NAME
 
 
 def _loader(run: Run) -> LoaderInfo:
@@ -45,7 +44,7 @@ def _workers(run: Run) -> list[ProcessInfo]:
     processes = run.steady_processes
     main = next((p for p in processes if p.role == "main"), None)
     children = [p for p in processes if main is not None and p.ppid == main.pid]
-    return [p for p in children if p.name == LOADER_WORKER_NAME] or children
+    return [p for p in children if p.is_loader_worker] or children
 
 
 def _suggested_workers(load_s: float, compute_s: float, cores: int | None) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from gpudoctor.bundle.events import CudaDevice, CudaMemory
 from gpudoctor.bundle.manifest import GpuInfo
 from gpudoctor.bundle.records import Site
+from gpudoctor.bundle.samples import LOADER_WORKER_NAME
 
 
 class NotEvaluated(Exception):
@@ -201,6 +202,11 @@ class ProcessInfo:
     # Seconds per second the main thread was ready to run but waited for a core; None where not measured
     run_delay_share: float | None = None
     gpu: bool = False  # held a GPU's device file open in some sample (ProcEntry.gpu)
+
+    @property
+    def is_loader_worker(self) -> bool:
+        """A DataLoader worker, by the name torch gives one."""
+        return self.name == LOADER_WORKER_NAME
 
     @property
     def busy_threads(self) -> int:
