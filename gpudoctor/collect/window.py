@@ -155,6 +155,36 @@ def _detach_cupti_after_each_window() -> None:
         os.environ["TEARDOWN_CUPTI"] = "1"
 
 
+@contextlib.contextmanager
+def _inductor_left_unimported() -> Iterator[None]:
+    """Within the block, this thread's `hasattr(torch, "_inductor")` is False unless the script imported inductor.
+
+    torch.profiler's start asks `hasattr(torch, "_inductor")` to read inductor's CUDA-graph setting, and torch
+    imports that submodule on first access: in a script that never compiled, the profiler's start imported
+    inductor and dynamo, with the script standing still (0.74 s of a 0.74 s start on a 2-core CPU,
+    bench/profiler_setup.py), and left them loaded in its process. Not imported, inductor has no setting to read.
+    Other threads, and import statements, still import it as usual.
+    """
+    import torch
+
+    lazy = torch.__dict__.get("__getattr__")
+    if lazy is None or "torch._inductor" in sys.modules:
+        yield
+        return
+    caller = threading.get_ident()
+
+    def lazy_but_inductor(name: str) -> Any:
+        if name == "_inductor" and threading.get_ident() == caller:
+            raise AttributeError(f"module 'torch' has no attribute {name!r}")
+        return lazy(name)
+
+    setattr(torch, "__getattr__", lazy_but_inductor)  # noqa: B010 - a module's __getattr__, as torch defines it
+    try:
+        yield
+    finally:
+        setattr(torch, "__getattr__", lazy)  # noqa: B010
+
+
 class ProfilerWindow:
     """Opens torch.profiler after `wait` steps for `warmup` + `active` steps, exports, then attributes `detail` steps.
 
@@ -266,7 +296,8 @@ class ProfilerWindow:
             _detach_cupti_after_each_window()
         activities = ([ProfilerActivity.CPU] if self.cpu_ops else []) + ([ProfilerActivity.CUDA] if self.cuda else [])
         profiler = profile(activities=activities, record_shapes=self._with_stack, with_stack=self._with_stack)
-        profiler.start()
+        with _inductor_left_unimported():
+            profiler.start()
         return profiler
 
     def _stop_and_export(self) -> None:

@@ -1,8 +1,9 @@
 """A small training loop whose Dataset sleeps a known time per sample, so every batch's data wait is known.
 
 Options: --steps N (optimizer steps), --batch-size B, --sleep-ms S (per sample),
---mode train|infer|explicit|sgd|forward, --report PATH (writes {"steps": N, "saved_hooks": H} when done: H is how
-many hooks a torch.save of the whole model, as many scripts do at the end, carried), --after-s S (seconds of work
+--mode train|infer|explicit|sgd|forward, --report PATH (writes {"steps": N, "saved_hooks": H, "inductor_imported": I}
+when done: H is how many hooks a torch.save of the whole model, as many scripts do at the end, carried; I whether
+torch._inductor was imported by the end of the loop, which the script never does itself), --after-s S (seconds of work
 after the loop, as an evaluation would take). `infer`
 iterates the DataLoader with no optimizer; `explicit` uses neither and marks steps with gpudoctor.step(); `sgd`
 updates the weights by hand after backward(), with no optimizer and no DataLoader; `forward` calls the model in a
@@ -12,6 +13,7 @@ loop, with neither.
 import argparse
 import io
 import json
+import sys
 import time
 
 import torch
@@ -105,6 +107,7 @@ def main() -> None:
     else:
         done = {"sgd": sgd, "forward": forward}[args.mode](args.steps, model)
     time.sleep(args.after_s)
+    inductor_imported = "torch._inductor" in sys.modules  # before torch.save, which imports it
     print(f"train_loop: {args.mode} did {done} steps")
     saved = io.BytesIO()
     torch.save(model, saved)
@@ -113,7 +116,7 @@ def main() -> None:
     hooks = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in loaded.modules())
     if args.report:
         with open(args.report, "w") as f:
-            json.dump({"steps": done, "saved_hooks": hooks}, f)
+            json.dump({"steps": done, "saved_hooks": hooks, "inductor_imported": inductor_imported}, f)
 
 
 if __name__ == "__main__":
