@@ -51,6 +51,33 @@ def test_each_idle_gap_goes_to_one_cause(tmp_path) -> None:
                                     "host": 0.1, "unexplained": 0.1}, abs=1e-6)
 
 
+def _drained_steps(tmp_path, blocked_s: float) -> BundleBuilder:
+    # A 10 ms step: kernels at 0-4 and 5-9 ms; the gap at 4-5 ms overlaps an .item() (its cudaStreamSynchronize);
+    # the gap at 9-10 ms has launches in it. The host was blocked `blocked_s` in the .item() of each step.
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004), (step, 0.005, 0.004)])
+        b.cuda_call("cudaStreamSynchronize", step=step, at=0.0035, dur=0.0006)
+        b.cuda_call("cudaLaunchKernel", step=step, at=0.0095, dur=0.00001)
+    b.sync("item", host_s=blocked_s, site=("train.py", 40, "main"))
+    return b
+
+
+def test_the_launches_after_a_sync_are_its_cost_up_to_the_time_the_host_was_blocked(tmp_path) -> None:
+    # Blocked 1.5 ms a step, the gap the call overlaps 1 ms: 0.5 ms of the host-side gap after it is the drain's.
+    budget = _drained_steps(tmp_path, 0.0015).build().budget
+    assert budget is not None
+    shares = {s.name: s.share for s in budget.slices}
+    assert shares["sync"] == pytest.approx(0.15) and shares["host"] == pytest.approx(0.05)
+
+
+def test_a_host_blocked_less_than_the_gap_its_call_overlaps_moves_nothing(tmp_path) -> None:
+    budget = _drained_steps(tmp_path, 0.0005).build().budget
+    assert budget is not None
+    shares = {s.name: s.share for s in budget.slices}
+    assert shares["sync"] == pytest.approx(0.1) and shares["host"] == pytest.approx(0.1)
+
+
 def test_a_wait_between_streams_is_no_sync(tmp_path) -> None:
     # cuDNN's LSTM orders its streams with cudaStreamWaitEvent, a call that returns at once: the host is not
     # blocked in it, so the gap it falls in is the host's launching, not a sync's stall.

@@ -267,7 +267,7 @@ def test_a_sync_that_torch_amp_makes_for_the_line_gets_its_own_fix(tmp_path) -> 
     b.without_trace()
     scaler, library = assert_fires("GD211", b.build(), count=2)
     assert scaler["title"].startswith(".item() in torch.amp.grad_scaler makes the host wait")
-    assert "bfloat16" in scaler["fix"] and "loss.detach()" not in scaler["fix"]
+    assert "fused=True" in scaler["fix"] and "loss.detach()" not in scaler["fix"]
     assert library["fix"].startswith("the call is made by lightning.pytorch.loops.fetchers for this line")
 
 

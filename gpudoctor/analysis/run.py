@@ -253,7 +253,16 @@ class Run:
 
         pace = step_time(self)
         return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, pace.seconds,
-                           outside_window=pace.basis == "unprofiled")
+                           outside_window=pace.basis == "unprofiled", sync_blocked_s=self.sync_blocked_s)
+
+    @cached_property
+    def sync_blocked_s(self) -> float | None:
+        """The host's time blocked in synchronizing calls, per step, as the detail steps timed them (without the
+        profiler); None when no call was timed, or when several Python threads share the work (their blocked
+        times overlap, and the GIL they take turns on is what the time goes to)."""
+        if not self.syncs or (self.python_threads_sharing or 1) > 1:
+            return None
+        return sum(site.host_s for site in self.syncs) / self.site_steps
 
     @cached_property
     def gpu_work_per_step_s(self) -> float | None:
