@@ -34,7 +34,7 @@ from gpudoctor.bundle.events import (
 from gpudoctor.bundle.records import Site
 from gpudoctor.collect import window as window_states
 from gpudoctor.collect.config import ChildConfig
-from gpudoctor.collect.markers import Markers
+from gpudoctor.collect.markers import NO_TOOL, Markers
 from gpudoctor.collect.stepless import StepLessProbe
 from gpudoctor.collect.window import ProfilerWindow
 
@@ -141,8 +141,9 @@ class Recorder:
         self._stopping = False
         self._stepless = StepLessProbe(lambda: self.completed, self.emit, config.gil_probe_interval_s)
         self._stepless.start()
-        nvtx_ok = self.markers.nvtx_status == "ok"
-        self.emit(CollectorEvent(name="nvtx", ok=nvtx_ok, reason=None if nvtx_ok else self.markers.nvtx_status))
+        status = self.markers.nvtx_status
+        nvtx_ok = status in ("ok", NO_TOOL)  # no tool, no ranges wanted: nothing missing from the report
+        self.emit(CollectorEvent(name="nvtx", ok=nvtx_ok, reason=None if status == "ok" else status))
 
     # -- events ----------------------------------------------------------------------------------
     def emit(self, event: AnyEvent) -> None:
