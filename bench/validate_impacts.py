@@ -5,7 +5,8 @@
 Predicted: the summed impact of the pair's rules on the bad fixture (at most 1), the share of step time
 gpudoctor expects the fix to save. Measured: 1 - t_fixed / t_bad, each time the mean of the script's own
 timings of its steady-state steps over its plain runs (without gpudoctor) on the recording machine
-(fixtures/measurements.json, one to three runs each, all shown). The pairs, and which compare time per sample,
+(fixtures/measurements.json, one to six runs each, and those of earlier recordings of the same script with as
+many steps, all shown). The pairs, and which compare time per sample,
 are in gpudoctor/testing/pairs.py. Target: within ±30% of the measured gain, relative, or ±0.05
 absolute. Prints a Markdown table; docs/rules.md holds its output.
 """
@@ -26,11 +27,17 @@ RELATIVE, ABSOLUTE = 0.30, 0.05
 
 
 def measured_times(fixtures: dict[str, Any], name: str, per_sample: bool) -> list[float]:
-    """The step (or sample) time of each plain run of one fixture script."""
+    """The step (or sample) time of each plain run of one fixture script: those of its recording, then those of
+    earlier recordings of the same script with as many steps (`earlier_repeats`), oldest first."""
     plain = fixtures[name]["plain"]
     key = "median_sample_s" if per_sample else "median_step_s"
-    runs = [r[key] for r in plain.get("repeats", ()) if key in r]
-    return runs or [plain["result"][key]]
+    runs = [r[key] for r in plain.get("repeats", ()) if key in r] or [plain["result"][key]]
+    steps = plain.get("repeat_steps") or plain["result"].get("steps")
+    earlier = plain.get("earlier_repeats") or []
+    for recording in [earlier] if isinstance(earlier, dict) else earlier:
+        if recording.get("steps") == steps:
+            runs += [r[key] for r in recording["runs"] if key in r]
+    return runs
 
 
 def predicted_gain(pair: FixturePair, rules: dict[str, Any]) -> float:

@@ -182,12 +182,13 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     calls (each sync costs one drain-and-refill of the GPU's queue): the lesser of two shares of the step.
     One is the GPU idle the calls cause (the budget's `sync` slice): the gaps a synchronizing CUDA call
     overlaps, and the gaps after it while the host launches into the drained queue, up to the host's time
-    blocked (amp_scaler_bad: 5% of the step in the first, 15% with the second; the twin without the read
-    measured 18%). The other is the host's time blocked in the calls, all lines together (timed in the
-    detail steps): without them the host would launch on, and save no more than that. A host that launches slower than the GPU computes
-    finds little queued at each sync, so its syncs cost little (pytorch/examples' dcgan: 0.16 ms a step
-    blocked in four .item() lines, beside a 13% sync slice; no gain measured when they go). With no GPU
-    timeline, the host time blocked is the cost.
+    blocked (amp_scaler_bad, three recordings on an H100: 5-6% of the step in the first kind of gap,
+    14-20% with the second; the twin without the read measured 14% over all their plain runs). The other
+    is the host's time blocked in the calls, all lines together (timed in the detail steps): without them
+    the host would launch on, and save no more than that. A host that launches slower than the GPU
+    computes finds little queued at each sync, so its syncs cost little (pytorch/examples' dcgan: 0.16 ms
+    a step blocked in four .item() lines, beside a 13% sync slice; no gain measured when they go). With no
+    GPU timeline, the host time blocked is the cost.
     """
     steps, wall = _per_step(run)
     sites: list[SyncSite] = run.syncs
@@ -219,7 +220,7 @@ def _call_name(kind: str) -> str:
             "print": "Printing a CUDA tensor", "bool": "bool() of a CUDA tensor"}.get(kind, f".{kind}()")
 
 
-@rule("GD204", "copy-not-overlapped", category="blocking_copy", severity="info")
+@rule("GD204", "copy-not-overlapped", category="blocking_copy", severity="info", claims="host_copy")
 def copy_not_overlapped(run: Run, min_share: float = 0.05, max_overlapped: float = 0.2) -> Iterator[Finding]:
     """Host-to-device copies sit on the GPU's critical path: no compute runs while they do.
 

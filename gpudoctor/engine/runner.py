@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
+from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
 from gpudoctor.analysis.timebase import step_time
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import SEVERITIES, Rule, RuleFunction, rule_of
@@ -85,9 +86,9 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     not_evaluated; the others still run."""
     declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
     found = evaluate_rules(run, declared, options or {}, limits or RuleLimits())
-    findings = sized(found.findings, step_time(run).seconds)
     claims = {r.code: r.claims for r in declared if r.claims}
-    return EngineResult(rank(one_claim_per_share(_merge(findings), claims)), found.not_evaluated, found.errors)
+    findings = within_slices(one_claim_per_share(_merge(found.findings), claims), run.budget)
+    return EngineResult(rank(sized(findings, step_time(run).seconds)), found.not_evaluated, found.errors)
 
 
 def evaluate_rules(subject: Run | Any, rules: Iterable[Rule], options: RuleOptions, limits: RuleLimits) -> EngineResult:
@@ -131,6 +132,24 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
         out.append(msgspec.structs.replace(record, impact=None, saving_s=None,
                                            impact_reason=f"counted in {holder.code}'s finding: the same time"))
     return out
+
+
+def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[FindingRecord]:
+    """The impacts of each category's findings scaled down together to the share of the step in the budget's
+    slices that category claims (analysis.budget.SLICES_OF_CATEGORY), where they add up to more: no fix saves
+    more than the idle it removes. Rules that size a cost on the host's time (a copy's blocked seconds) can
+    overshoot the GPU idle it leaves: inference_pageable_bad's two copies blocked the host for 74% of the step
+    beside 70% of GPU idle in copies and syncs."""
+    if budget is None:
+        return records
+    totals: dict[str, float] = {}
+    for record in records:
+        if record.impact is not None and record.category in SLICES_OF_CATEGORY:
+            totals[record.category] = totals.get(record.category, 0.0) + record.impact
+    scale = {category: budget.share_of(category) / total for category, total in totals.items()
+             if total > budget.share_of(category)}
+    return [msgspec.structs.replace(r, impact=round(r.impact * scale[r.category], 4))
+            if r.impact is not None and r.category in scale else r for r in records]
 
 
 def sized(records: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:
