@@ -1,12 +1,14 @@
-"""How long torch.profiler's start() and stop() block the script, as gpudoctor's window calls them.
+"""How long a bare torch.profiler's start() and stop() block the script, with the activities of gpudoctor's window.
 
     PYTHONPATH=$PWD python3 bench/profiler_start.py [--runs 3] [--model mlp,conv]
 
-Each run is a fresh process (the first start in a process is the one that sets CUPTI up): it runs a few steps of a
-small model on the GPU, synchronizes, then times `profile(activities=[CUDA]).start()`, five more steps and
-`stop()`, as gpudoctor's window does (TEARDOWN_CUPTI=1 unless set), and once more for a second window in the same
-process. It prints each run's times and their median per model. The time start() blocks is paid once per window:
-the script stands still for it, so it counts in the whole-job overhead (bench/overhead.py), not in any step.
+Each run is a fresh process: it runs a few steps of a small model on the GPU (no optimizer), synchronizes, then
+times `profile(activities=[CUDA]).start()`, five more steps and `stop()` (TEARDOWN_CUPTI=1 unless set), and once
+more for a second window in the same process. It prints each run's times and their median per model. The first
+start in a process is the slow one: in a script that has not imported torch's inductor (no optimizer does here),
+torch.profiler's start imports it, which gpudoctor's own window avoids (bench/profiler_setup.py takes it apart).
+The time start() blocks is paid once per window: the script stands still for it, so it counts in the whole-job
+overhead (bench/overhead.py), not in any step.
 """
 
 from __future__ import annotations

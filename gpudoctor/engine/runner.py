@@ -135,21 +135,31 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
 
 
 def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[FindingRecord]:
-    """The impacts of each category's findings scaled down together to the share of the step in the budget's
-    slices that category claims (analysis.budget.SLICES_OF_CATEGORY), where they add up to more: no fix saves
-    more than the idle it removes. Rules that size a cost on the host's time (a copy's blocked seconds) can
-    overshoot the GPU idle it leaves: inference_pageable_bad's two copies blocked the host for 74% of the step
-    beside 70% of GPU idle in copies and syncs."""
+    """Each category's findings with impacts that add up to no more than the share of the step in the budget's
+    slices the category claims (analysis.budget.SLICES_OF_CATEGORY): no fix saves more than the idle it removes.
+    As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left,
+    and one left nothing names the finding that counts that time. Rules that size a cost on the host's time (a
+    copy's blocked seconds) can overshoot the GPU idle it leaves: inference_pageable_bad's two copies blocked the
+    host for 53% and 30% of the step beside 70% of GPU idle in copies and syncs."""
     if budget is None:
         return records
-    totals: dict[str, float] = {}
-    for record in records:
-        if record.impact is not None and record.category in SLICES_OF_CATEGORY:
-            totals[record.category] = totals.get(record.category, 0.0) + record.impact
-    scale = {category: budget.share_of(category) / total for category, total in totals.items()
-             if total > budget.share_of(category)}
-    return [msgspec.structs.replace(r, impact=round(r.impact * scale[r.category], 4))
-            if r.impact is not None and r.category in scale else r for r in records]
+    left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY}
+    holders: dict[str, FindingRecord] = {}
+    kept: dict[int, FindingRecord] = {}
+    for index, record in sorted(enumerate(records), key=lambda item: (-SEVERITIES.index(item[1].severity),
+                                                                        -(item[1].impact or 0.0), item[1].code)):
+        category = record.category
+        if record.impact is None or category not in left or record.impact <= left[category]:
+            left[category] = left.get(category, 0.0) - (record.impact or 0.0)
+            holders.setdefault(category, record)
+            continue
+        share = max(0.0, left[category])
+        left[category] = 0.0
+        holder = holders.setdefault(category, record)
+        kept[index] = (msgspec.structs.replace(record, impact=round(share, 4)) if share > 0 or holder is record else
+                       msgspec.structs.replace(record, impact=None, saving_s=None,
+                                               impact_reason=f"counted in {holder.code}'s finding: the same time"))
+    return [kept.get(index, record) for index, record in enumerate(records)]
 
 
 def sized(records: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:
