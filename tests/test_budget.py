@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, script
+from gpudoctor import Finding, rule
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY
 from gpudoctor.analysis.views import Location
 from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
-from gpudoctor.engine import EngineResult
+from gpudoctor.engine import EngineResult, run_rules
 from gpudoctor.report import build_report
 from gpudoctor.report.budget import host_lines_json
 from gpudoctor.report.model import link_outputs
@@ -197,3 +198,42 @@ def test_the_host_lines_shares_never_add_up_to_more_than_one() -> None:
     lines = [(Location("train.py", line, "main"), share) for line, share in ((10, 2 / 3), (11, 1 / 6), (12, 1 / 6))]
     shares = [line["share"] for line in host_lines_json(lines)]
     assert sum(shares) <= 1.0 and shares == [0.6666, 0.1666, 0.1666]
+
+
+@rule("TST301", "wait-critical", category="data_starvation", severity="critical")
+def _wait_critical(run):
+    """Claims a quarter of the step."""
+    yield Finding("critical", impact=0.25, location=Location("train.py", 10, "main"))
+
+
+@rule("TST302", "wait-warning", category="data_starvation")
+def _wait_warning(run):
+    """Claims 30% of the step."""
+    yield Finding("warning", impact=0.3, location=Location("train.py", 20, "main"))
+
+
+@rule("TST303", "wait-info", category="data_starvation", severity="info")
+def _wait_info(run):
+    """Claims a fifth of the step."""
+    yield Finding("info", impact=0.2, location=Location("train.py", 30, "main"))
+
+
+def test_a_categorys_findings_share_its_slices_the_most_severe_first(tmp_path) -> None:
+    # 10 ms steps: 4 ms waiting for data, then 6 ms of kernels. Three findings about the wait claim 75% of the
+    # step between them; the budget has 40% in its data_wait slice.
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010, data_wait_s=0.004):
+        b.kernels([(step, 0.004, 0.006)])
+    findings = {f.code: f for f in run_rules(b.build(), [_wait_info, _wait_warning, _wait_critical]).findings}
+    assert findings["TST301"].impact == pytest.approx(0.25)  # the most severe keeps its share
+    assert findings["TST302"].impact == pytest.approx(0.15)  # the next gets what is left
+    assert findings["TST303"].impact is None and findings["TST303"].saving_s is None
+    assert findings["TST303"].impact_reason == "counted in TST301's finding: the same time"
+
+
+def test_findings_within_their_slices_keep_their_impacts(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010, data_wait_s=0.008):
+        b.kernels([(step, 0.008, 0.002)])
+    findings = {f.code: f.impact for f in run_rules(b.build(), [_wait_info, _wait_warning, _wait_critical]).findings}
+    assert findings == pytest.approx({"TST301": 0.25, "TST302": 0.3, "TST303": 0.2})
