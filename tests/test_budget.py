@@ -237,3 +237,23 @@ def test_findings_within_their_slices_keep_their_impacts(tmp_path) -> None:
         b.kernels([(step, 0.008, 0.002)])
     findings = {f.code: f.impact for f in run_rules(b.build(), [_wait_info, _wait_warning, _wait_critical]).findings}
     assert findings == pytest.approx({"TST301": 0.25, "TST302": 0.3, "TST303": 0.2})
+
+
+@rule("TST304", "memory-a", category="host_memory_pressure")
+def _memory_a(run):
+    """A category the budget has no slice for."""
+    yield Finding("a", impact=0.6, location=Location("train.py", 40, "main"))
+
+
+@rule("TST305", "memory-b", category="host_memory_pressure", severity="info")
+def _memory_b(run):
+    """Another finding of that category."""
+    yield Finding("b", impact=0.5, location=Location("train.py", 50, "main"))
+
+
+def test_categories_without_slices_keep_their_impacts(tmp_path) -> None:
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010, data_wait_s=0.004):
+        b.kernels([(step, 0.004, 0.006)])
+    findings = {f.code: f.impact for f in run_rules(b.build(), [_memory_a, _memory_b]).findings}
+    assert findings == pytest.approx({"TST304": 0.6, "TST305": 0.5})

@@ -149,8 +149,10 @@ def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[F
     for index, record in sorted(enumerate(records), key=lambda item: (-SEVERITIES.index(item[1].severity),
                                                                         -(item[1].impact or 0.0), item[1].code)):
         category = record.category
-        if record.impact is None or category not in left or record.impact <= left[category]:
-            left[category] = left.get(category, 0.0) - (record.impact or 0.0)
+        if record.impact is None or category not in left:
+            continue
+        if record.impact <= left[category]:
+            left[category] -= record.impact
             holders.setdefault(category, record)
             continue
         share = max(0.0, left[category])
