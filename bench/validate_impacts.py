@@ -35,8 +35,8 @@ def measured_times(fixtures: dict[str, Any], name: str, per_sample: bool) -> lis
     steps = plain.get("repeat_steps") or plain["result"].get("steps")
     earlier = plain.get("earlier_repeats") or []
     for recording in [earlier] if isinstance(earlier, dict) else earlier:
-        if recording.get("steps") == steps:
-            runs += [r[key] for r in recording["runs"] if key in r]
+        if steps is not None and recording.get("steps") == steps:
+            runs += [r[key] for r in recording.get("runs", ()) if key in r]
     return runs
 
 

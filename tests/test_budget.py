@@ -226,9 +226,9 @@ def test_a_categorys_findings_share_its_slices_the_most_severe_first(tmp_path) -
         b.kernels([(step, 0.004, 0.006)])
     findings = {f.code: f for f in run_rules(b.build(), [_wait_info, _wait_warning, _wait_critical]).findings}
     assert findings["TST301"].impact == pytest.approx(0.25)  # the most severe keeps its share
-    assert findings["TST302"].impact == pytest.approx(0.15)  # the next gets what is left
+    assert findings["TST302"].impact == pytest.approx(0.15, abs=1e-3)  # the next gets what is left (rounded down)
     assert findings["TST303"].impact is None and findings["TST303"].saving_s is None
-    assert findings["TST303"].impact_reason == "counted in TST301's finding: the same time"
+    assert findings["TST303"].impact_reason == "counted in TST301's finding: the same idle time"
 
 
 def test_findings_within_their_slices_keep_their_impacts(tmp_path) -> None:
@@ -257,3 +257,56 @@ def test_categories_without_slices_keep_their_impacts(tmp_path) -> None:
         b.kernels([(step, 0.004, 0.006)])
     findings = {f.code: f.impact for f in run_rules(b.build(), [_memory_a, _memory_b]).findings}
     assert findings == pytest.approx({"TST304": 0.6, "TST305": 0.5})
+
+
+@rule("TST306", "copy-warning-tiny", category="blocking_copy")
+def _copy_tiny(run):
+    """A warning whose saving is negligible."""
+    yield Finding("tiny", impact=0.012, location=Location("train.py", 60, "main"))
+
+
+@rule("TST307", "copy-info-large", category="blocking_copy", severity="info")
+def _copy_large(run):
+    """An info finding with a large saving."""
+    yield Finding("large", impact=0.3, location=Location("train.py", 70, "main"))
+
+
+def _copy_bound_steps(tmp_path, copy_share: float) -> BundleBuilder:
+    # 10 ms steps: kernels, then a gap a cudaMemcpy overlaps (`copy_share` of the step), then kernels again.
+    b = BundleBuilder(tmp_path)
+    gap = 0.010 * copy_share
+    for step in b.steps(6, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.002), (step, 0.002 + gap, 0.008 - gap)])
+        if gap:
+            b.cuda_call("cudaMemcpy", step=step, at=0.002, dur=gap)
+    return b
+
+
+def test_a_negligible_finding_takes_no_share_from_a_larger_one(tmp_path) -> None:
+    # The copy gap is 40% of the step; the 1.2% warning is `info` before the shares are handed out, so the larger
+    # finding keeps its 30%.
+    run = _copy_bound_steps(tmp_path, 0.4).build()
+    findings = {f.code: f for f in run_rules(run, [_copy_tiny, _copy_large]).findings}
+    assert findings["TST307"].impact == pytest.approx(0.3)
+    assert findings["TST306"].severity == "info" and findings["TST306"].impact == pytest.approx(0.012)
+
+
+def test_findings_whose_slices_hold_no_idle_say_so(tmp_path) -> None:
+    findings = run_rules(_copy_bound_steps(tmp_path, 0.0).build(), [_copy_large]).findings
+    assert findings[0].impact is None and findings[0].saving_s is None
+    assert findings[0].impact_reason == "the budget has no GPU idle in the part of the step this kind of finding claims"
+
+
+def test_the_drain_takes_the_unexplained_gaps_once_the_launching_ones_are_spent(tmp_path) -> None:
+    # As _drained_steps, with the 9-10 ms gap empty of launches (unexplained): blocked 1.8 ms a step, the call's own
+    # gap 1 ms, so 0.8 ms of the unexplained gap is the drain's.
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(6, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004), (step, 0.005, 0.004)])
+        b.cuda_call("cudaStreamSynchronize", step=step, at=0.0035, dur=0.0006)
+    b.sync("item", host_s=0.0018, site=("train.py", 40, "main"))
+    budget = b.build().budget
+    assert budget is not None
+    shares = {s.name: s.share for s in budget.slices}
+    assert shares["sync"] == pytest.approx(0.18) and shares["unexplained"] == pytest.approx(0.02)
+    assert shares["host"] == 0.0

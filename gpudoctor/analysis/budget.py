@@ -5,7 +5,7 @@ critical path); or it idles, and each idle gap is given to one cause, in order:
 
 1. `data_wait`: the host was waiting for the next batch (the recorder times it at the top of the step);
 2. `sync`: a synchronizing call overlaps the gap: the host was blocked, the GPU drained its queue and waited
-   for the host to launch again (what GD211 sizes its findings on: `idle_in_syncs`). A drained queue also
+   for the host to launch again (`idle_in_syncs`; GD211 sizes its findings on the slice). A drained queue also
    leaves the GPU waiting on the launches after the call, in gaps no call overlaps: up to the host's time
    blocked in the calls (timed in the detail steps), those host-side gaps (4 and 5) are the syncs' as well,
    since a host not held up would have launched that much earlier (`_with_drain_after_syncs`);
@@ -46,7 +46,8 @@ from gpudoctor.analysis.views import Step
 SLICES = ("gpu_busy", "collective", "data_wait", "sync", "copy", "host", "unexplained")
 SLICE_LABELS = {
     "gpu_busy": "GPU computing", "collective": "GPU in collectives (waiting for other ranks included)",
-    "data_wait": "GPU idle: host waiting for data", "sync": "GPU idle: host blocked in a sync",
+    "data_wait": "GPU idle: host waiting for data",
+    "sync": "GPU idle: host blocked in a sync, or refilling the queue it drained",
     "copy": "Copies not overlapped, and GPU idle in a blocking copy",
     "host": "GPU idle: host-side work (Python, launches)",
     "unexplained": "GPU idle: unexplained",
@@ -131,8 +132,8 @@ def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | N
 
 
 def idle_in_syncs(steps: Sequence[Step], gpu: GpuView, trace: TraceData) -> float:
-    """The budget's `sync` slice summed over `steps`: GPU idle, past the step's data wait, that a synchronizing
-    call overlaps."""
+    """GPU idle summed over `steps`, past each step's data wait, that a synchronizing call overlaps: the budget's
+    `sync` slice before the drain after the calls is added to it (`_with_drain_after_syncs`)."""
     splitter = _Splitter(gpu, trace)
     return sum(splitter.split(step).get("sync", 0.0) for step in steps if step.gpu_busy_s is not None)
 

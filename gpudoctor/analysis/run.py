@@ -294,7 +294,8 @@ class Run:
     def sync_stall_s(self) -> float | None:
         """GPU idle time, over the analysed steps, that overlaps a synchronizing CUDA call on the host: while the
         host is blocked in a sync the GPU drains its queue, then idles until the host launches again: those gaps
-        are what the syncs cost. The budget's `sync` slice, summed. None when the trace has no GPU activity."""
+        are what the syncs cost (the budget's `sync` slice adds the launches after them, up to the host's time
+        blocked: `sync_blocked_s`). None when the trace has no GPU activity."""
         if self.gpu is None or self.trace is None or not self.steps:
             return None
         return idle_in_syncs(self.steps, self.gpu, self.trace)

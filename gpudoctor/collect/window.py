@@ -182,7 +182,8 @@ def _inductor_left_unimported() -> Iterator[None]:
     try:
         yield
     finally:
-        setattr(torch, "__getattr__", lazy)  # noqa: B010
+        if torch.__dict__.get("__getattr__") is lazy_but_inductor:  # nobody replaced it meanwhile
+            setattr(torch, "__getattr__", lazy)  # noqa: B010
 
 
 class ProfilerWindow:

@@ -7,6 +7,7 @@ time limit) becomes an error row, and one whose data is missing a not-evaluated 
 
 from __future__ import annotations
 
+import math
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -87,7 +88,10 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
     found = evaluate_rules(run, declared, options or {}, limits or RuleLimits())
     claims = {r.code: r.claims for r in declared if r.claims}
-    findings = within_slices(one_claim_per_share(_merge(found.findings), claims), run.budget)
+    # Negligible findings are `info` before the shares are handed out, so that one does not take a share from a
+    # larger finding of a lower severity; and again after, where a share cut down becomes negligible.
+    merged = _negligible_as_info(_merge(found.findings))
+    findings = within_slices(one_claim_per_share(merged, claims), run.budget)
     return EngineResult(rank(sized(findings, step_time(run).seconds)), found.not_evaluated, found.errors)
 
 
@@ -137,10 +141,11 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
 def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[FindingRecord]:
     """Each category's findings with impacts that add up to no more than the share of the step in the budget's
     slices the category claims (analysis.budget.SLICES_OF_CATEGORY): no fix saves more than the idle it removes.
-    As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left,
-    and one left nothing names the finding that counts that time. Rules that size a cost on the host's time (a
-    copy's blocked seconds) can overshoot the GPU idle it leaves: inference_pageable_bad's two copies blocked the
-    host for 53% and 30% of the step beside 70% of GPU idle in copies and syncs."""
+    As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left
+    (rounded down), and one left nothing has no impact and a reason naming the finding that counts that idle.
+    Rules that size a cost on the host's time (a copy's blocked seconds) can overshoot the GPU idle it leaves:
+    inference_pageable_bad's two copies blocked the host for 53% and 30% of the step beside 70% of GPU idle in
+    copies and syncs."""
     if budget is None:
         return records
     left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY}
@@ -155,12 +160,16 @@ def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[F
             left[category] -= record.impact
             holders.setdefault(category, record)
             continue
-        share = max(0.0, left[category])
+        share = math.floor(max(0.0, left[category]) * 1e4 + 1e-6) / 1e4  # down, past float error, to stay within
         left[category] = 0.0
-        holder = holders.setdefault(category, record)
-        kept[index] = (msgspec.structs.replace(record, impact=round(share, 4)) if share > 0 or holder is record else
-                       msgspec.structs.replace(record, impact=None, saving_s=None,
-                                               impact_reason=f"counted in {holder.code}'s finding: the same time"))
+        if share > 0:
+            holders.setdefault(category, record)
+            kept[index] = msgspec.structs.replace(record, impact=share)
+            continue
+        holder = holders.get(category)
+        reason = (f"counted in {holder.code}'s finding: the same idle time" if holder is not None else
+                  "the budget has no GPU idle in the part of the step this kind of finding claims")
+        kept[index] = msgspec.structs.replace(record, impact=None, saving_s=None, impact_reason=reason)
     return [kept.get(index, record) for index, record in enumerate(records)]
 
 
