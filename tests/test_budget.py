@@ -226,7 +226,7 @@ def test_a_categorys_findings_share_its_slices_the_most_severe_first(tmp_path) -
         b.kernels([(step, 0.004, 0.006)])
     findings = {f.code: f for f in run_rules(b.build(), [_wait_info, _wait_warning, _wait_critical]).findings}
     assert findings["TST301"].impact == pytest.approx(0.25)  # the most severe keeps its share
-    assert findings["TST302"].impact == pytest.approx(0.15, abs=1e-3)  # the next gets what is left (rounded down)
+    assert findings["TST302"].impact == pytest.approx(0.15, abs=1e-3)  # the next gets what is left
     assert findings["TST303"].impact is None and findings["TST303"].saving_s is None
     assert findings["TST303"].impact_reason == "counted in TST301's finding: the same idle time"
 

@@ -7,7 +7,6 @@ time limit) becomes an error row, and one whose data is missing a not-evaluated 
 
 from __future__ import annotations
 
-import math
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -141,9 +140,8 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
 def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[FindingRecord]:
     """Each category's findings with impacts that add up to no more than the share of the step in the budget's
     slices the category claims (analysis.budget.SLICES_OF_CATEGORY): no fix saves more than the idle it removes.
-    As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left
-    (rounded down), and one left nothing has no impact and a reason naming the finding that counts that idle.
-    Rules that size a cost on the host's time (a copy's blocked seconds) can overshoot the GPU idle it leaves:
+    As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left,
+    and one left nothing has no impact and a reason naming the finding that counts that idle. Rules that size a cost on the host's time (a copy's blocked seconds) can overshoot the GPU idle it leaves:
     inference_pageable_bad's two copies blocked the host for 53% and 30% of the step beside 70% of GPU idle in
     copies and syncs."""
     if budget is None:
@@ -156,11 +154,11 @@ def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[F
         category = record.category
         if record.impact is None or category not in left:
             continue
-        if record.impact <= left[category]:
+        if record.impact <= left[category] + 1e-4:  # impacts are rounded to 4 places: within that, it fits
             left[category] -= record.impact
             holders.setdefault(category, record)
             continue
-        share = math.floor(max(0.0, left[category]) * 1e4 + 1e-6) / 1e4  # down, past float error, to stay within
+        share = round(max(0.0, left[category]), 4)  # as every impact is rounded: within 0.00005 of the slices
         left[category] = 0.0
         if share > 0:
             holders.setdefault(category, record)
