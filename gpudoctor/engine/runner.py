@@ -141,9 +141,9 @@ def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[F
     """Each category's findings with impacts that add up to no more than the share of the step in the budget's
     slices the category claims (analysis.budget.SLICES_OF_CATEGORY): no fix saves more than the idle it removes.
     As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left,
-    and one left nothing has no impact and a reason naming the finding that counts that idle. Rules that size a cost on the host's time (a copy's blocked seconds) can overshoot the GPU idle it leaves:
-    inference_pageable_bad's two copies blocked the host for 53% and 30% of the step beside 70% of GPU idle in
-    copies and syncs."""
+    and one left nothing has no impact and a reason naming the finding that counts that idle. Rules that size a
+    cost on the host's time (a copy's blocked seconds) can overshoot the GPU idle it leaves: inference_pageable_bad's
+    two copies blocked the host for 53% and 30% of the step beside 70% of GPU idle in copies and syncs."""
     if budget is None:
         return records
     left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY}
