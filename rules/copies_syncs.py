@@ -183,7 +183,7 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     One is the GPU idle the calls cause (the budget's `sync` slice): the gaps a synchronizing CUDA call
     overlaps, and the gaps after it while the host launches into the drained queue, up to the host's time
     blocked (amp_scaler_bad, three recordings on an H100: 5-6% of the step in the first kind of gap,
-    14-20% with the second; the twin without the read measured 14% over all their plain runs). The other
+    14-20% with the second; the twin without the read measured 15% over all their plain runs). The other
     is the host's time blocked in the calls, all lines together (timed in the detail steps): without them
     the host would launch on, and save no more than that. A host that launches slower than the GPU
     computes finds little queued at each sync, so its syncs cost little (pytorch/examples' dcgan: 0.16 ms
