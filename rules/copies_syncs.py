@@ -196,7 +196,7 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     budget = run.budget
     stall = budget.share_of("sync_point") if budget is not None else _stall_share(run, wall)
     pace = budget.step_s if budget is not None else wall  # the hooks time the calls outside the profiler
-    blocked_total = sum(site.host_s for site in sites) / steps / pace
+    blocked_total = (run.sync_blocked_s or 0.0) / pace
     if stall is not None and blocked_total > 0:  # calls timed by the hooks (older bundles did not time them)
         stall = min(stall, blocked_total)
     for site in sites:

@@ -111,6 +111,11 @@ def evaluate_rules(subject: Run | Any, rules: Iterable[Rule], options: RuleOptio
     return EngineResult(findings, not_evaluated, errors)
 
 
+def _claim_order(record: FindingRecord) -> tuple[int, float, str]:
+    """Who keeps a shared share of the step first: the most severe, then the largest, then by code."""
+    return -SEVERITIES.index(record.severity), -(record.impact or 0.0), record.code
+
+
 def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str]) -> list[FindingRecord]:
     """Of the findings on one line (or without one) whose rules claim the same share of the step, the most severe
     (then the largest) keeps its impact; the others keep their place and evidence, with no impact and a reason
@@ -121,7 +126,7 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
 
     holders: dict[tuple[str, str | None, int | None], FindingRecord] = {}
     # The most severe first (GD201's pageable copy before GD202's note on the same line), then the largest.
-    for record in sorted(records, key=lambda r: (-SEVERITIES.index(r.severity), -(r.impact or 0.0), r.code)):
+    for record in sorted(records, key=_claim_order):
         key = share_key(record)
         if key is not None and record.impact is not None:
             holders.setdefault(key, record)
@@ -149,8 +154,7 @@ def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[F
     left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY}
     holders: dict[str, FindingRecord] = {}
     kept: dict[int, FindingRecord] = {}
-    for index, record in sorted(enumerate(records), key=lambda item: (-SEVERITIES.index(item[1].severity),
-                                                                        -(item[1].impact or 0.0), item[1].code)):
+    for index, record in sorted(enumerate(records), key=lambda item: _claim_order(item[1])):
         category = record.category
         if record.impact is None or category not in left:
             continue
