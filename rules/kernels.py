@@ -6,6 +6,10 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
+from gpudoctor.analysis import BatchGrowth
+
+# The start of GD301's evidence key for the saving per sample of a larger batch (bench/validate_impacts.py reads it).
+SAMPLE_SAVING = "saving per sample"
 
 
 @rule("GD301", "launch-bound-steps", category="small_batch")
@@ -24,16 +28,20 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     Why it matters: each kernel launch costs the host a few microseconds; when a kernel runs for less
     than that, the GPU idles between kernels. Small batches are the usual cause.
 
-    Fix: raise the batch size (the memory headroom measured says how far), or cut launches with
-    `torch.compile(model)`; a model compiled already, with `mode="reduce-overhead"` (CUDA graphs); a step
-    that replays CUDA graphs already, by compiling what launches outside them (the optimizer step). A
-    residual MLP at batch 64 on an H100: 4.7-5.2 ms a step eager, 4.4 compiled, 2.5 with CUDA graphs.
+    Fix: cut launches at the same batch: `torch.compile(model)`; a model compiled already, with
+    `mode="reduce-overhead"` (CUDA graphs); a step that replays CUDA graphs already, by compiling what launches
+    outside them (the optimizer step). Or raise the batch size: the host's launches stay as many, and the
+    kernels, which fill little of the GPU, take more samples in about the same time. A residual MLP at
+    batch 64 on an H100: 4.7-5.2 ms a step eager, 4.4 compiled, 2.5 with CUDA graphs.
 
-    Impact: the GPU's idle between launches at the run's pace: the budget's host-side and unexplained
-    slices, without the profiler's own cost. CUPTI slows every launch, so the profiled steps show this
-    idle inflated (small_batch_bad: 71% of a profiled step of 8.0 ms; 30% of its 3.4 ms steps outside the
-    window, where the GPU's 2.3 ms of kernels set a floor). It does not count what a larger batch also
-    saves per sample by running the same tiny kernels on more samples.
+    Impact: the GPU's idle between launches at the run's pace (the budget's host-side and unexplained
+    slices, without the profiler's own cost): what cutting the launches saves a step at the same batch.
+    small_batch_bad predicts 37%, and its twin replaying forward and backward as CUDA graphs
+    (small_batch_graphed) measured 49%. CUPTI slows every launch, so the profiled steps show this idle
+    inflated (small_batch_bad: 3.0 ms steps outside the window, 2.2 times that profiled).
+    The evidence adds what a larger batch would save per sample (analysis.batch_growth): the batch grown
+    by powers of two until the saving nears its limit, as far as the device's memory allows, from how much
+    of the GPU the kernels fill. It errs low: small_batch_bad's 74% at 8× against 97% measured at 64×.
     """
     gpu = run.require_gpu()
     steps = [s for s in run.require_steps() if s.gpu_busy_s is not None]
@@ -61,19 +69,30 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         busy = 1 - idle
     loader = run.loader.main
     batch = loader.batch_size if loader else None
-    headroom = _memory_headroom(steps, run)
+    headroom, growth = run.memory_headroom, run.batch_growth
     evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(len(durations) / len(steps)),
                 "median kernel": (round(median_us, 1), "µs"), "batch size": batch}
     if headroom is not None:
         evidence["GPU memory used"] = (round(100 / headroom), "%")
-    scale = min(8, int(headroom)) if headroom else None
-    grow = f" to about {batch * scale}" if batch and scale and scale > 1 else ""
+    if growth is not None:
+        if growth.fill is not None:
+            evidence["GPU filled by its kernels"] = (round(growth.fill * 100), "%")
+        evidence[f"{SAMPLE_SAVING}, batch {growth.factor}× larger"] = (round(growth.sample_saving * 100), "%")
     yield Finding(
         f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
         impact=impact, location=(loader.location if loader else None) or run.forward_location,
-        evidence=evidence,
-        fix=f"raise the batch size{grow} (memory allows it), or {_fewer_launches(run)}",
+        evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(batch, growth, headroom)}",
     )
+
+
+def _larger_batch(batch: int | None, growth: BatchGrowth | None, headroom: float | None) -> str:
+    """The batch to try, and what it would save per sample."""
+    if growth is None:
+        full = headroom is not None and headroom < 2
+        return "raise the batch size" + (" (the device's memory has room for little more)" if full else "")
+    size = f"to about {batch * growth.factor}" if batch else f"about {growth.factor}×"
+    limit = ", as far as the device's memory allows" if growth.memory_bound else ""
+    return f"raise the batch size {size}{limit}: ~{growth.sample_saving:.0%} less time per sample (est.)"
 
 
 def _fewer_launches(run: Run) -> str:
@@ -84,13 +103,3 @@ def _fewer_launches(run: Run) -> str:
     if run.forward_module == "OptimizedModule":
         return 'replay the compiled model as CUDA graphs: torch.compile(model, mode="reduce-overhead")'
     return "wrap the model in torch.compile(model) to fuse kernels"
-
-
-def _memory_headroom(steps: list, run: Run) -> float | None:
-    """How many times the step's peak allocation fits in the device's memory."""
-    device = run.env.cuda_device
-    peaks = [s.cuda_memory.max_allocated for s in steps if s.cuda_memory]
-    total = device.total_memory if device is not None else None
-    if not peaks or not total or not max(peaks):
-        return None
-    return total / max(peaks)

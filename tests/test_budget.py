@@ -169,11 +169,12 @@ def test_recorded_pathologies_land_in_their_slices() -> None:
     assert _shares("data_starvation_bad")["data_wait"] > 0.8
     assert _shares("blocking_copy_bad")["copy"] > 0.6  # the twin that pins its batches measured 63% faster
     assert 0.10 < _shares("sync_point_bad")["sync"] < 0.20  # its fixed twin measured 16% faster
-    # small_batch_bad's profiled steps took 8.0 ms, its steps outside the window 3.4 ms: the GPU's 2.3 ms of kernels
-    # are 70% of a step at the run's pace, and the host-side idle the profiler inflated to 65% is 16%.
+    # small_batch_bad's profiled steps took 6.3 ms, its steps outside the window 3.0 ms: the GPU's 1.9 ms of kernels
+    # are 63% of a step at the run's pace, and the host-side idle the profiler inflated is 37% (its twin replaying
+    # CUDA graphs measured 49% faster).
     small = _shares("small_batch_bad")
-    assert small["gpu_busy"] > 0.6 and 0.1 < small["host"] + small["unexplained"] < 0.4
-    assert _report("small_batch_bad")["run"]["budget"]["profiler_s"] > 0.004
+    assert small["gpu_busy"] > 0.55 and 0.2 < small["host"] + small["unexplained"] < 0.45
+    assert _report("small_batch_bad")["run"]["budget"]["profiler_s"] > 0.003
     assert _shares("healthy_transformer")["host"] < 0.05  # 32% of the profiled step: all of it the profiler's
     assert _shares("healthy_inference")["gpu_busy"] > 0.9
     assert _shares("blocking_copy_prefetch")["copy"] < 0.1

@@ -208,7 +208,8 @@ def _made_odd(i: int, e: dict[str, Any]) -> Any:
         changes = [{"ts": str(e.get("ts"))}, {"args": {**args, "device": "0"}}, {"args": {**args, "stream": None}},
                    {"pid": True, "args": {k: v for k, v in args.items() if k != "device"}}, {"args": []},
                    {"args": [1]}, {"dur": None}, {"name": 5}, {"args": {**args, "bytes": 1.5}},
-                   {"ts": 9007199254740993}, {"cat": ["kernel"]}, {"dur": True}]
+                   {"ts": 9007199254740993}, {"cat": ["kernel"]}, {"dur": True},
+                   {"args": {**args, "warps per SM": "3"}}, {"args": {**args, "warps per SM": True}}]
         return {**e, **changes[rule]} if rule < len(changes) else e
     if cat == "cuda_runtime" and e.get("name") in SYNC_RUNTIME and rule < 3:
         return {**e, "tid": ["x", "not hashable", {"a": 1}][rule]}

@@ -4,6 +4,7 @@ A rule reads `Run` and the view types re-exported here (`from gpudoctor.analysis
 most are defined in `gpudoctor.analysis.views`.
 """
 
+from gpudoctor.analysis.batch_growth import BatchGrowth
 from gpudoctor.analysis.data_wait import DataWait
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.run import NotEvaluated, Run
@@ -27,7 +28,7 @@ from gpudoctor.analysis.views import (
 )
 
 __all__ = [
-    "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo", "LoaderView",
-    "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite", "ThreadInfo",
-    "WindowInfo",
+    "BatchGrowth", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo",
+    "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite",
+    "ThreadInfo", "WindowInfo",
 ]

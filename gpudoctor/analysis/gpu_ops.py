@@ -15,6 +15,7 @@ GPU_KINDS = ("kernel", "memcpy", "memset")
 _SORT_BLOCK = 1 << 13
 INT64 = 1 << 63
 NO_ID = -INT64  # in the column of correlation ids: None, or an id kept aside (one that is not a 64-bit int)
+NO_WARPS = float("nan")  # in the column of warps per SM: the trace gives none
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,9 @@ class GpuOp:
     stream: int
     bytes: int | None
     correlation: int | None
+    # A kernel's resident warps per SM, as CUPTI reports it ("warps per SM"): how much of the GPU its blocks
+    # occupy. None for copies, memsets and traces without it.
+    warps_per_sm: float | None = None
 
     @property
     def dur(self) -> float:
@@ -41,13 +45,14 @@ class _Columns:
     it is None."""
 
     __slots__ = ("_durations", "bytes", "correlations", "devices", "ends", "kinds", "name_ids", "names", "odd",
-                 "starts", "streams")
+                 "starts", "streams", "warps")
 
     def __init__(self) -> None:
         self.kinds, self.name_ids, self.names = bytearray(), array("I"), list[Any]()  # kinds: GPU_KINDS' indices
         self.starts, self.ends = array("d"), array("d")
         self.devices, self.streams, self.bytes = list[int](), list[int](), list[Any]()
         self.correlations, self.odd = array("q"), dict[int, Any]()
+        self.warps = array("d")  # warps per SM; NaN where the trace gives none
         self._durations: array[float] | None = None
 
     def durations(self) -> array[float]:
@@ -57,7 +62,7 @@ class _Columns:
         return self._durations
 
     def add(self, kind: int, name_id: int, start: float, end: float, device: int, stream: int, size: Any,
-            correlation: Any) -> None:
+            correlation: Any, warps: float | None = None) -> None:
         self.kinds.append(kind)
         self.name_ids.append(name_id)
         self.starts.append(start)
@@ -66,6 +71,7 @@ class _Columns:
         self.streams.append(stream)
         self.bytes.append(size)
         self.add_correlation(correlation)
+        self.warps.append(NO_WARPS if warps is None else warps)
 
     def add_correlation(self, correlation: Any) -> None:
         if type(correlation) is int and NO_ID < correlation < INT64:
@@ -79,8 +85,9 @@ class _Columns:
         correlation: Any = self.correlations[i]
         if correlation == NO_ID:
             correlation = self.odd.get(i)
+        warps = self.warps[i]
         return GpuOp(GPU_KINDS[self.kinds[i]], self.names[self.name_ids[i]], self.starts[i], self.ends[i],
-                     self.devices[i], self.streams[i], self.bytes[i], correlation)
+                     self.devices[i], self.streams[i], self.bytes[i], correlation, None if warps != warps else warps)
 
     def sort(self) -> None:
         """Every column in the order of the starts (a stable sort). A trace's ops are nearly in that order (the ops
@@ -90,7 +97,7 @@ class _Columns:
             return
         breaks = list(compress(count(1), map((1).__ne__, map(sub, islice(order, 1, None), order))))
         runs = [(order[a], order[a] + b - a) for a, b in pairwise((0, *breaks, len(order)))]
-        for name in ("kinds", "name_ids", "starts", "ends", "devices", "streams", "bytes", "correlations"):
+        for name in ("kinds", "name_ids", "starts", "ends", "devices", "streams", "bytes", "correlations", "warps"):
             column = getattr(self, name)
             if len(runs) > len(order) // 8:  # far from in order: row by row
                 moved = _gather(column, order)
@@ -155,7 +162,7 @@ class GpuOps(Sequence[GpuOp]):
         table, ids = cls(), dict[Any, int]()
         for op in ops:
             table.columns.add(GPU_KINDS.index(op.kind), ids.setdefault(op.name, len(ids)), op.start, op.end,
-                              op.device, op.stream, op.bytes, op.correlation)
+                              op.device, op.stream, op.bytes, op.correlation, op.warps_per_sm)
         table.columns.names = list(ids)
         return table
 
@@ -186,6 +193,10 @@ class GpuOps(Sequence[GpuOp]):
     def name_ids(self) -> Sequence[int]:
         """Each op's name, as an index into `columns.names` (one for each distinct name)."""
         return self._column(self.columns.name_ids)
+
+    def warps_per_sm(self) -> Sequence[float]:
+        """Each op's resident warps per SM (a kernel's, from the trace); NaN where the trace gives none."""
+        return self._column(self.columns.warps)
 
     def durations(self) -> array[float]:
         """Each op's `dur`."""

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpudoctor import bundle as bundle_io
+from gpudoctor.analysis.batch_growth import BatchGrowth, batch_growth, kernel_fills
 from gpudoctor.analysis.budget import Budget, idle_in_syncs, step_budget
 from gpudoctor.analysis.data_wait import DataWait, data_wait
 from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, TRACED_WINDOW_STATES, RunEvents
 from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.kernels import kernels_in_steps
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.sites import copy_sites, sync_sites
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
@@ -265,6 +267,34 @@ class Run:
         return sum(site.host_s for site in self.syncs) / self.site_steps
 
     @cached_property
+    def memory_headroom(self) -> float | None:
+        """How many times the analysed steps' peak CUDA allocation fits in the device's memory; None when either is
+        unknown."""
+        device = self.env.cuda_device
+        peaks = [s.cuda_memory.max_allocated for s in self.steps if s.cuda_memory]
+        total = device.total_memory if device is not None else None
+        if not peaks or not total or not max(peaks):
+            return None
+        return total / max(peaks)
+
+    @cached_property
+    def batch_growth(self) -> BatchGrowth | None:
+        """What a larger batch would save per sample, from the budget and how much of the GPU the analysed steps'
+        kernels fill (analysis.batch_growth); None without a budget or kernels."""
+        budget, gpu, trace = self.budget, self.gpu, self.trace
+        placed = [s for s in self.steps if s.gpu_busy_s is not None]
+        if budget is None or gpu is None or trace is None or not placed:
+            return None
+        kernels = kernels_in_steps(gpu, placed)
+        properties = [p for p in trace.device_properties if isinstance(p, dict)] \
+            if isinstance(trace.device_properties, list) else []
+        most = {p["id"]: p["maxThreadsPerMultiprocessor"] / p["warpSize"] for p in properties
+                if type(p.get("id")) is int and _numbers(p.get("maxThreadsPerMultiprocessor"), p.get("warpSize"))}
+        fills = kernel_fills(kernels.warps_per_sm(), kernels.devices(), most)
+        busy_s = (1.0 - budget.idle_share) * budget.step_s
+        return batch_growth(budget.step_s, busy_s, kernels.durations(), fills, self.memory_headroom)
+
+    @cached_property
     def gpu_work_per_step_s(self) -> float | None:
         """The GPU's work for one step: its busy time over the whole trace, what it ran after the host had launched
         the last traced step included (a host that runs ahead of a GPU-bound step leaves its work queued past the
@@ -501,3 +531,8 @@ def _loader_info(e: LoaderEvent) -> LoaderInfo:
         dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method, sampler=e.sampler,
         drop_last=e.drop_last,
     )
+
+
+def _numbers(*values: object) -> bool:
+    """Whether every value is a positive number (a device property as the trace gives it)."""
+    return all(type(v) in (int, float) and v > 0 for v in values)  # type: ignore[operator]

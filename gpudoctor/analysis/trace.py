@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from gpudoctor.analysis.gpu_ops import GPU_KINDS, INT64, NO_ID, GpuOps
+from gpudoctor.analysis.gpu_ops import GPU_KINDS, INT64, NO_ID, NO_WARPS, GpuOps
 from gpudoctor.analysis.gpu_ops import GpuOp as GpuOp  # re-exported: the records of a trace are defined here
 from gpudoctor.bundle import EventFilter, TraceNotStreamable, TraceStream, read_trace
 from gpudoctor.bundle.trace_file import json_size
@@ -74,6 +74,7 @@ class _Args(msgspec.Struct, gc=False):
     correlation: int | None = None
     python_id: int | None = msgspec.field(default=None, name="Python id")
     python_parent: int | None = msgspec.field(default=None, name="Python parent id")
+    warps: float | None = msgspec.field(default=None, name="warps per SM")
 
 
 _NO_ARGS = _Args()
@@ -205,6 +206,7 @@ class _Builder:
                                                   columns.starts.append, columns.ends.append)
         add_device, add_stream, add_bytes = columns.devices.append, columns.streams.append, columns.bytes.append
         add_correlation, correlations = columns.add_correlation, columns.correlations.append
+        add_warps, no_warps = columns.warps.append, NO_WARPS
         for e in events:
             if e.ph != "X":
                 continue
@@ -238,6 +240,8 @@ class _Builder:
                 correlations(correlation)
             else:
                 add_correlation(correlation)
+            warps = args.warps
+            add_warps(no_warps if warps is None else warps)
 
     def _add_host(self, e: _Event) -> None:
         """A CUDA runtime call, an annotation, an operator or a Python frame, as _add_event takes it."""
@@ -302,7 +306,8 @@ class _Builder:
             device = int(args.get("device", event.get("pid", 0)) or 0)
             stream = int(args.get("stream", event.get("tid", 0)) or 0)
             data.gpu_ops.columns.add(_KIND_CODES[cat], self.gpu_names.setdefault(name, len(self.gpu_names)), start,
-                                     end, device, stream, args.get("bytes"), args.get("correlation"))
+                                     end, device, stream, args.get("bytes"), args.get("correlation"),
+                                     _number_or_none(args.get("warps per SM")))
             return
         name = self._name(name)
         if cat in ("cuda_runtime", "cuda_driver"):
@@ -329,6 +334,11 @@ COLLECTIVE_ANNOTATIONS = ("gloo:", "nccl:")
 def _kept_annotation(name: str) -> bool:
     """The annotations a big trace keeps: steps, gpudoctor's phases, the DataLoader's waits, collectives."""
     return name.startswith(("ProfilerStep#", "gpudoctor/", *COLLECTIVE_ANNOTATIONS)) or "DataLoader" in name
+
+
+def _number_or_none(value: Any) -> float | None:
+    """A number as the typed reader takes it (a float; an int made one), else None: a malformed value is left out."""
+    return float(value) if type(value) in (int, float) else None
 
 
 def _tid(event: dict[str, Any]) -> int:

@@ -71,13 +71,15 @@ class BundleBuilder:
     def step(self, wall_s: float = 0.1, data_wait_s: float = 0.0, *, forward_s: float | None = None,
              backward_s: float | None = None, optimizer_s: float | None = None, gpu_busy_s: float | None = None,
              kernels: int | None = None, kernel_name: str = "volta_sgemm_128x64_nn",
+             warps_per_sm: float | None = None,
              gil: float | Mapping[str, float] | None = None, cuda_memory: dict[str, int] | None = None,
              batches: int = 1, source: str = "optimizer", window: str | None = None,
              copies: Iterable[Mapping[str, object]] = (), syncs: Iterable[Mapping[str, object]] = ()) -> int:
         """Add one step; returns its index.
 
         `gpu_busy_s` puts `kernels` kernels (default 1) of equal length in the trace, spread evenly over the
-        part of the step after its data wait, so the step's GPU busy time is exactly `gpu_busy_s`.
+        part of the step after its data wait, so the step's GPU busy time is exactly `gpu_busy_s`; each
+        kernel with `warps_per_sm` resident warps per SM (how much of the GPU it occupies) when given.
         `gil` is the GIL probe's mean wake-up delay (seconds) or its summary dict. `copies` and `syncs` are
         rows as the recorder writes them (see `copy()` and `sync()` for the keys).
         """
@@ -92,7 +94,7 @@ class BundleBuilder:
         )
         self._spec.steps.append(step)
         if gpu_busy_s and step.window in TRACED_WINDOW_STATES:  # the profiler records its window's steps only
-            self._spread_kernels(step, gpu_busy_s, kernels or 1, kernel_name)
+            self._spread_kernels(step, gpu_busy_s, kernels or 1, kernel_name, warps_per_sm)
         return index
 
     def steps(self, n: int, **fields: Any) -> list[int]:
@@ -108,14 +110,16 @@ class BundleBuilder:
             return "active"
         return "closed"
 
-    def _spread_kernels(self, step: StepSpec, busy_s: float, count: int, name: str) -> None:
+    def _spread_kernels(self, step: StepSpec, busy_s: float, count: int, name: str,
+                        warps_per_sm: float | None) -> None:
         begin = step.start + step.data_wait_s
         room = step.end - begin
         if busy_s > room:  # the kernels cannot all follow the data wait: end them with the step
             begin, room = step.end - busy_s, busy_s
         duration = busy_s / count
         for k in range(count):
-            self._spec.ops.append(GpuOp("kernel", name, begin + k * room / count, duration, 0, DEFAULT_STREAM, None))
+            self._spec.ops.append(GpuOp("kernel", name, begin + k * room / count, duration, 0, DEFAULT_STREAM, None,
+                                        warps_per_sm))
 
     # -- instrumentation events ------------------------------------------------------------------
     def loader(self, num_workers: int = 0, pin_memory: bool = False, batch_size: int | None = 32, *,
@@ -252,12 +256,13 @@ class BundleBuilder:
 
         step: the step it runs in; at: seconds from that step's start (or "start": seconds since the
         epoch, instead of step and at); dur: seconds; name; kind: kernel | memcpy | memset;
-        device (0); stream (7); bytes (memcpy, memset).
+        device (0); stream (7); bytes (memcpy, memset); warps_per_sm (a kernel's resident warps per SM).
         """
         for op in map(given.op_spec, ops):
             start = self._time(op.step, op.at, op.start)
             name = op.name or given.OP_NAMES[op.kind]
-            self._spec.ops.append(GpuOp(op.kind, name, start, op.dur, op.device, op.stream, op.bytes))
+            self._spec.ops.append(GpuOp(op.kind, name, start, op.dur, op.device, op.stream, op.bytes,
+                                        op.warps_per_sm))
         return self
 
     def cuda_call(self, name: str = "cudaStreamSynchronize", *, step: int | None = None, at: float = 0.0,

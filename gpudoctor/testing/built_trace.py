@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpudoctor.bundle.jsonio import encode
-from gpudoctor.testing.spec import H100, BundleSpec, GpuOp
+from gpudoctor.testing.spec import H100, H100_THREADS_PER_SM, BundleSpec, GpuOp
 
 TraceEvent = dict[str, object]
 LOADER_ANNOTATION = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
@@ -84,11 +84,13 @@ def _op_event(op: GpuOp, base_s: int, correlation: int) -> TraceEvent:
     args: dict[str, object] = {"device": op.device, "stream": op.stream, "correlation": correlation}
     if op.bytes is not None:
         args["bytes"] = op.bytes
+    if op.warps_per_sm is not None:
+        args["warps per SM"] = op.warps_per_sm
     return {"ph": "X", "cat": OP_CATEGORIES[op.kind], "name": op.name, "pid": op.device, "tid": op.stream,
             "ts": _us(op.start, base_s), "dur": _dur(op.dur), "args": args}
 
 
 def _device_properties(device: int) -> TraceEvent:
     return {"id": device, "name": H100.name, "totalGlobalMem": H100.total_memory, "computeMajor": 9, "computeMinor": 0,
-            "numSms": H100.multiprocessors}
+            "numSms": H100.multiprocessors, "maxThreadsPerMultiprocessor": H100_THREADS_PER_SM, "warpSize": 32}
 

@@ -43,6 +43,7 @@ class OpSpec(msgspec.Struct, kw_only=True):
     device: int = 0
     stream: int = DEFAULT_STREAM
     bytes: int | None = None
+    warps_per_sm: float | None = None  # a kernel's resident warps per SM (CUPTI's "warps per SM")
 
 
 def convert(data: object, kind: type[T], what: str) -> T:

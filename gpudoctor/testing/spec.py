@@ -32,6 +32,7 @@ DEFAULT_START = 1_000_000.0  # the first step's start, in seconds since the epoc
 DEFAULT_PID = 4242
 DEFAULT_STREAM = 7
 H100_MEMORY = 85_520_809_984
+H100_THREADS_PER_SM = 2048  # 64 resident warps of 32 threads
 H100 = CudaDevice(name="NVIDIA H100 80GB HBM3", total_memory=H100_MEMORY, capability="9.0", multiprocessors=132)
 WINDOW_STATES = ("warmup", "active")
 PROFILER_REASON = "the script ended before the profiling window could write its trace"
@@ -122,6 +123,7 @@ class GpuOp:
     device: int
     stream: int
     bytes: int | None
+    warps_per_sm: float | None = None  # a kernel's resident warps per SM, as CUPTI reports it
 
 
 @dataclass(frozen=True)
