@@ -9,7 +9,7 @@ views use: GPU ops, synchronizing CUDA calls, and the step, gpudoctor and DataLo
 small one keeps every CUDA runtime call, operator and Python frame as well (`TraceData.detail`).
 
 Each chunk is decoded into `_Event` Structs (the keys the views use, nothing else built) and the GPU ops are added
-from them in one loop to the columns of `GpuOps` (about 50 bytes an op; a GpuOp is made only when one is read); a
+from them in one loop to the columns of `GpuOps` (about 54 bytes an op; a GpuOp is made only when one is read); a
 chunk those Structs cannot take (an unexpected type somewhere in it) is read as dicts instead, by the same rules,
 so both give the same records.
 """
