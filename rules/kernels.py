@@ -41,7 +41,8 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     inflated (small_batch_bad: 3.0 ms steps outside the window, 2.2 times that profiled).
     The evidence adds what a larger batch would save per sample (analysis.batch_growth): the batch grown
     by powers of two until the saving nears its limit, as far as the device's memory allows, from how much
-    of the GPU the kernels fill. It errs low: small_batch_bad's 74% at 8× against 97% measured at 64×.
+    of the GPU the kernels fill. It errs both ways: small_batch_bad's 74% at 8× against 97% measured at
+    64×; up to 18% high on public programs (docs/rules.md).
     """
     gpu = run.require_gpu()
     steps = [s for s in run.require_steps() if s.gpu_busy_s is not None]

@@ -14,7 +14,8 @@ f is taken as 1: the GPU's work grows with the batch, and the saving per sample 
 Measured on the recorded fixtures (NVIDIA H100): small_batch_bad's kernels (an MLP at 4 samples) fill 40% of the
 GPU, weighted by time, and the model gives 74% less time per sample at 8× the batch; its twin at 64× measured
 97%, because a 4-row matrix product's time is reading its weights, which no batch size changes. tiny_batch_ops_bad
-(a transformer at 2 sequences) fills 6%: 98% at 64×, against 97% measured at 32×. So the estimate errs low.
+(a transformer at 2 sequences) fills 6%: 98% at 64×, against 97% measured at 32×. On five public programs run at
+the larger batch (docs/rules.md) it erred high, by up to 18%.
 """
 
 from __future__ import annotations
