@@ -80,6 +80,6 @@ def batch_growth(step_s: float, busy_s: float, durations: Sequence[float], fills
         factor *= 2
     known_s = sum(d for d, _ in known)
     fill = sum(d * f for d, f in known) / known_s if known_s > 0 else None
-    short = saving(factor) < limit - NEAR_LIMIT
-    return BatchGrowth(factor, max(0.0, saving(factor)), limit, fill,
-                       memory_bound=short and factor * 2 > memory_cap and factor < MAX_FACTOR)
+    saved = saving(factor)
+    return BatchGrowth(factor, max(0.0, saved), limit, fill,
+                       memory_bound=saved < limit - NEAR_LIMIT and factor * 2 > memory_cap and factor < MAX_FACTOR)

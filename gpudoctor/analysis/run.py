@@ -286,11 +286,7 @@ class Run:
         if budget is None or gpu is None or trace is None or not placed:
             return None
         kernels = kernels_in_steps(gpu, placed)
-        properties = [p for p in trace.device_properties if isinstance(p, dict)] \
-            if isinstance(trace.device_properties, list) else []
-        most = {p["id"]: p["maxThreadsPerMultiprocessor"] / p["warpSize"] for p in properties
-                if type(p.get("id")) is int and _numbers(p.get("maxThreadsPerMultiprocessor"), p.get("warpSize"))}
-        fills = kernel_fills(kernels.warps_per_sm(), kernels.devices(), most)
+        fills = kernel_fills(kernels.warps_per_sm(), kernels.devices(), trace.warps_per_sm_limit())
         busy_s = (1.0 - budget.idle_share) * budget.step_s
         return batch_growth(budget.step_s, busy_s, kernels.durations(), fills, self.memory_headroom)
 
@@ -531,8 +527,3 @@ def _loader_info(e: LoaderEvent) -> LoaderInfo:
         dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method, sampler=e.sampler,
         drop_last=e.drop_last,
     )
-
-
-def _numbers(*values: object) -> bool:
-    """Whether every value is a positive number (a device property as the trace gives it)."""
-    return all(type(v) in (int, float) and v > 0 for v in values)  # type: ignore[operator]

@@ -115,6 +115,12 @@ class TraceData:
     def has_gpu(self) -> bool:
         return bool(self.gpu_ops)
 
+    def warps_per_sm_limit(self) -> dict[int, float]:
+        """The most warps an SM holds, by device id, from the trace's deviceProperties (its threads per SM over
+        the warp size); a device whose properties lack either is left out."""
+        return {p["id"]: p["maxThreadsPerMultiprocessor"] / p["warpSize"] for p in self.device_properties
+                if type(p.get("id")) is int and _positive(p.get("maxThreadsPerMultiprocessor"), p.get("warpSize"))}
+
 
 def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
                 detail: bool | None = None) -> TraceData:
@@ -159,7 +165,8 @@ def _parse(path: Path, batches: Iterable[list[Any]], meta: dict[str, Any], detai
         builder = _Builder(data, float(meta.get("baseTimeNanoseconds", 0)) / 1e9, detail)
     for batch in pending:
         builder.add(batch)
-    data.device_properties = meta.get("deviceProperties", [])
+    properties = meta.get("deviceProperties", [])
+    data.device_properties = [p for p in properties if isinstance(p, dict)] if isinstance(properties, list) else []
     by_start = attrgetter("start")
     for spans in (data.runtime, data.annotations, data.python, data.ops):
         spans.sort(key=by_start)
@@ -334,6 +341,11 @@ COLLECTIVE_ANNOTATIONS = ("gloo:", "nccl:")
 def _kept_annotation(name: str) -> bool:
     """The annotations a big trace keeps: steps, gpudoctor's phases, the DataLoader's waits, collectives."""
     return name.startswith(("ProfilerStep#", "gpudoctor/", *COLLECTIVE_ANNOTATIONS)) or "DataLoader" in name
+
+
+def _positive(*values: Any) -> bool:
+    """Whether every value is a positive number."""
+    return all(type(v) in (int, float) and v > 0 for v in values)
 
 
 def _number_or_none(value: Any) -> float | None:
