@@ -4,15 +4,17 @@
                                               [--modes plain,gpudoctor,always-on] [--batch-size N] [--small]
                                               [--run-timeout S]
 
-For each workload (bench/workload_resnet.py, bench/workload_transformer.py) it calibrates a step count that
-takes about --seconds plain, then runs the job in three modes, in alternating order within each pair: plain,
-under `python -m gpudoctor profile` (default window), and under a bare torch.profiler that records every
-step and exports its trace at the end (the export counts in its wall time). It prints a table per workload:
-each run's wall time, the whole-job wall-time ratio to plain, the ratio of the job's own throughput after
-the profiling window (plain / mode), the trace sizes, and the CPU that gpudoctor's samplers used in its own
-process; then whether gpudoctor meets its targets. A run that fails or runs past --run-timeout (default
-60 s + 5 × --seconds) is reported and the rest go on. --modes leaves modes out (the always-on profiler takes
-the longest); --small shrinks the models for a quick try on a CPU.
+For each workload (bench/workload_resnet.py, bench/workload_transformer.py) it calibrates a step count that takes
+about --seconds plain, then runs the job in three modes, in alternating order within each pair: plain, under
+`python -m gpudoctor profile` (default window), and under a bare torch.profiler that records every step and
+exports its trace at the end (the export counts in its wall time). It prints a table per workload: each run's wall
+time, the whole-job wall-time ratio to plain, the ratio of the job's own throughput after the profiling window
+(plain / mode), the trace sizes, and the CPU that gpudoctor's samplers used in its own process; then each pair's
+own wall ratio, how far apart the plain runs are (a ratio closer to 1 than that spread is not resolved), and each
+run taken apart into the job's timed loop and the rest of its wall time (start-up, imports, the end: where
+gpudoctor's fixed cost lies); last, whether gpudoctor meets its targets. A run that fails or runs past
+--run-timeout (default 60 s + 5 × --seconds) is reported and the rest go on. --modes leaves modes out (the always-on
+profiler takes the longest); --small shrinks the models for a quick try on a CPU.
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ class Run:
     sampler_core_percent: dict[str, float] = field(default_factory=dict)
     sampler_samples: dict[str, int] = field(default_factory=dict)
     samplers_missing: dict[str, str] = field(default_factory=dict)
+    pair: int = 0
+    window_s: float | None = None  # gpudoctor's window, from its opening to its trace written
+    export_s: float | None = None  # of which writing the trace
+
+    @property
+    def loop_s(self) -> float:
+        """The job's own timed loop, as the job measured it."""
+        return self.job["wall_s"]
+
+    @property
+    def outside_loop_s(self) -> float:
+        """Everything else in the run's wall time: start-up, imports, the end, and what a wrapper adds around them."""
+        return self.wall_s - self.loop_s
 
 
 @dataclass
@@ -147,7 +162,21 @@ def run_gpudoctor(python: str, job: list[str], scratch: Path, label: str, timeou
     trace = run_dir / "trace.json.gz"
     run.trace_mb = trace.stat().st_size / MB if trace.is_file() else None
     read_sampler_costs(run, read_manifest(run_dir))
+    read_window_times(run, run_dir)
     return run
+
+
+def read_window_times(run: Run, run_dir: Path) -> None:
+    """How long the first window took from its opening to its trace written, and the export in it (events.jsonl)."""
+    try:
+        lines = (run_dir / "events.jsonl").read_text().splitlines()
+    except OSError:
+        return
+    windows = [json.loads(line) for line in lines if '"kind":"window"' in line.replace(" ", "")]
+    opened = next((w for w in windows if w.get("state") == "opened"), None)
+    closed = next((w for w in windows if w.get("state") == "closed"), None)
+    if opened and closed:
+        run.window_s, run.export_s = closed["t"] - opened["t"], closed.get("export_s")
 
 
 def read_manifest(run_dir: Path) -> dict:
@@ -196,6 +225,7 @@ def run_pair(python: str, job: list[str], scratch: Path, results: WorkloadRuns, 
             results.failures[mode].append(str(failure).splitlines()[0])
             done.append(f"{mode} failed")
         else:
+            run.pair = pair
             results.runs[mode].append(run)
             done.append(f"{mode} {run.wall_s:.2f} s")
     print(f"  pair {pair}: " + ", ".join(done), flush=True)
@@ -235,6 +265,7 @@ def print_table(results: WorkloadRuns) -> Verdict:
             if runs and plain else (None, None)
         print(table_row(mode, runs, ratios[mode], failed))
     if results.runs["gpudoctor"]:
+        print_pairs(plain, results.runs["gpudoctor"])
         print_sampler_costs(results.runs["gpudoctor"])
     print_trace_sizes(results)
     return Verdict(results.workload, *ratios["gpudoctor"])
@@ -246,6 +277,29 @@ def table_row(mode: str, runs: list[Run], ratios: tuple[float | None, float | No
     rate = f"{median_rate(runs):.1f}" if runs else "-"
     trace = trace_note(runs) if runs else f"({failed[0]})"
     return f"{mode:<10} {walls:<16} {wall_ratio:>10} {rate:>21} {throughput_ratio:>17}  {trace}"
+
+
+def print_pairs(plain: list[Run], profiled: list[Run]) -> None:
+    """Each pair's own ratio, the plain runs' spread (what the machine's noise allows to resolve), and the runs
+    taken apart: the job's timed loop, and the rest of the wall time, where gpudoctor's fixed cost lies."""
+    plain_by_pair = {run.pair: run for run in plain}
+    ratios = [run.wall_s / plain_by_pair[run.pair].wall_s for run in profiled if run.pair in plain_by_pair]
+    if ratios:
+        print("wall ratio pair by pair: " + ", ".join(f"{ratio:.3f}x" for ratio in ratios)
+              + f"; median {statistics.median(ratios):.3f}x")
+    walls = [run.wall_s for run in plain]
+    if len(walls) > 1:
+        print(f"plain runs: {min(walls):.2f} to {max(walls):.2f} s, {max(walls) / min(walls) - 1:.1%} apart")
+    for name, runs in (("plain", plain), ("gpudoctor", profiled)):
+        print(f"{name:<10} the job's loop {statistics.median(r.loop_s for r in runs):8.2f} s, the rest of the run "
+              f"{statistics.median(r.outside_loop_s for r in runs):6.2f} s (medians)")
+    fixed = statistics.median(r.outside_loop_s for r in profiled) - statistics.median(r.outside_loop_s for r in plain)
+    loop = statistics.median(r.loop_s for r in profiled) / statistics.median(r.loop_s for r in plain)
+    print(f"gpudoctor adds {fixed:+.2f} s outside the job's loop; its loop ran {loop:.3f}x the plain loop's time")
+    windows = [r for r in profiled if r.window_s is not None and r.export_s is not None]
+    if windows:
+        print(f"gpudoctor's window, opened to trace written: {statistics.median(r.window_s for r in windows):.3f} s, "
+              f"of which the trace's export {statistics.median(r.export_s for r in windows):.3f} s (medians)")
 
 
 def print_sampler_costs(runs: list[Run]) -> None:

@@ -126,10 +126,24 @@ def _let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:
     A gloo worker thread that frees a finished collective releases a Python object (the context that backward()
     stores for it); if that happens after shutdown has begun, the thread cannot take the GIL and the process
     aborts ("terminate called without an active exception"). Plain torchrun runs hit it too, rarely; the time
-    gpudoctor spends writing at the end made it likelier, so it waits here while holding nothing.
+    gpudoctor spends writing at the end made it likelier, so it waits here while holding nothing. Only a
+    process that may hold such threads waits: `import torch` imports torch.distributed in every script.
     """
-    if "torch.distributed" in sys.modules:
+    if _may_hold_process_groups():
         time.sleep(pause_s)
+
+
+def _may_hold_process_groups() -> bool:
+    """Whether the script runs as a rank of a job (torchrun's variables) or holds a torch.distributed process group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return False
+    if any(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return True
+    try:
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch that cannot say: wait, as before
+        return True
 
 
 def _stop_helpers(grace_s: float = HELPER_GRACE_S) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def test_each_window_writes_its_own_trace(late_run: Result) -> None:
     for name in traces:
         assert (late_run.run_dir / name).is_file()
         assert name in late_run.manifest()["files"]
+        assert json.loads(gzip.decompress((late_run.run_dir / name).read_bytes()))["traceEvents"]
+    assert not list(late_run.run_dir.glob("trace.partial.*"))  # the plain export and its compressed copy
     assert late_run.manifest()["window"]["every_s"] == 1.0
 
 

@@ -23,6 +23,7 @@ from gpudoctor.bundle.layout import (
     FINDINGS,
     MANIFEST,
     PARTIAL_TRACE,
+    RAW_TRACE,
     REPORT,
     SAMPLE_FILES,
     SAMPLES_DIR,
@@ -39,7 +40,8 @@ from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, Trace
 from gpudoctor.errors import BundleError
 
 __all__ = [
-    "EVENTS", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES", "SCHEMA_VERSION",
+    "EVENTS", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "RAW_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES",
+    "SCHEMA_VERSION",
     "TRACE", "Bundle", "EventFilter", "JsonlWriter", "Manifest", "TraceNotStreamable", "TraceStream", "load",
     "read_jsonl", "read_manifest", "read_trace", "trace_name", "trace_names", "write_json_atomic",
 ]

@@ -17,6 +17,7 @@ MANIFEST = "manifest.json"
 EVENTS = "events.jsonl"
 TRACE = "trace.json.gz"
 PARTIAL_TRACE = "trace.partial.json.gz"  # a window's trace while it is written; renamed once whole
+RAW_TRACE = "trace.partial.json"  # the profiler's own export, before it is compressed into PARTIAL_TRACE
 SAMPLES_DIR = "samples"
 SAMPLE_FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"}
 FINDINGS = "findings.json"

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpudoctor.bundle import PARTIAL_TRACE, trace_name
+from gpudoctor.bundle import PARTIAL_TRACE, RAW_TRACE, trace_name
 from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
-from gpudoctor.bundle.trace_file import json_size
+from gpudoctor.bundle.trace_file import gzip_file, json_size
 from gpudoctor.collect.config import WindowConfig
 
 # The smallest trace torch.profiler writes (its header and deviceProperties alone) is hundreds of bytes.
@@ -316,17 +316,21 @@ class ProfilerWindow:
     def _export(self, profiler: Any) -> None:
         started = time.perf_counter()
         final = self._run_dir / trace_name(self.index)
-        partial = self._run_dir / PARTIAL_TRACE  # torch gzips when the name ends in .gz
+        raw, partial = self._run_dir / RAW_TRACE, self._run_dir / PARTIAL_TRACE
         try:
+            # Exported as plain JSON and compressed here: torch's own .gz export writes line by line at level 9.
             with self._chatter.quiet():
-                profiler.export_chrome_trace(str(partial))
-            if json_size(partial) < MIN_TRACE_BYTES:  # torch logs a failed write (a full disk) and goes on
-                partial.unlink()
+                profiler.export_chrome_trace(str(raw))
+            if json_size(raw) < MIN_TRACE_BYTES:  # torch logs a failed write (a full disk) and goes on
                 raise OSError("the profiler wrote an empty trace: the run directory may be full")
+            gzip_file(raw, partial)
             os.replace(partial, final)
         except Exception as exc:  # noqa: BLE001 - the window's trace is lost, the script runs on
+            partial.unlink(missing_ok=True)
             self._fail(f"the profiler trace could not be written: {exc.__class__.__name__}: {exc}")
             return
+        finally:
+            raw.unlink(missing_ok=True)
         self.state = CLOSED
         self._emit(WindowEvent(state="closed", index=self.index, first_step=self._first_step,
                                export_s=time.perf_counter() - started, trace_bytes=final.stat().st_size,
