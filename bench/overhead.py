@@ -28,7 +28,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +71,75 @@ class RunFailed(Exception):
     pass
 
 
+# NVML's reasons for clocks below the maximum that come from heat or power (the rest: idle, settings, sync boost).
+SLOWDOWN_REASONS = {0x04: "power cap", 0x08: "hardware slowdown", 0x20: "thermal (software)",
+                    0x40: "thermal (hardware)", 0x80: "power brake"}
+CLOCK_SAMPLE_S = 0.5
+SLOW_CLOCK_SHARE = 0.95  # a run whose median SM clock is under this share of the fastest run's ran slower
+
+
+@dataclass
+class Clocks:
+    """GPU 0 while a run went on: its median SM clock, its hottest reading, and the slowdowns NVML reported."""
+    median_mhz: float
+    max_temperature_c: int
+    slowdowns: tuple[str, ...]
+
+    def describe(self) -> str:
+        slowed = f", slowed: {', '.join(self.slowdowns)}" if self.slowdowns else ""
+        return f"SM {self.median_mhz:.0f} MHz, {self.max_temperature_c}°C{slowed}"
+
+
+class ClockWatch:
+    """Samples GPU 0's SM clock, temperature and slowdown reasons (NVML) from this process while a run goes on.
+
+    The lent GPU machines throttle: on one, a job's plain runs took 45 and 56 s while its SM clock fell from 1980
+    to 450-1000 MHz at 87°C. Wall ratios between runs at different clocks measure the GPU, not gpudoctor.
+    """
+
+    def __init__(self) -> None:
+        self._handle = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # no NVML (a CPU try): the runs are timed without clocks
+            return
+        self._reasons = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                         or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)  # the older name
+
+    def during(self, run: Callable[[], Run]) -> Run:
+        if self._handle is None:
+            return run()
+        samples: list[tuple[int, int, int]] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=self._sample, args=(samples, done), daemon=True)
+        sampler.start()
+        try:
+            result = run()
+        finally:
+            done.set()
+            sampler.join()
+        if samples:
+            reasons = 0
+            for _, _, bits in samples:
+                reasons |= bits
+            result.clocks = Clocks(statistics.median(mhz for mhz, _, _ in samples), max(t for _, t, _ in samples),
+                                   tuple(name for bit, name in SLOWDOWN_REASONS.items() if reasons & bit))
+        return result
+
+    def _sample(self, samples: list[tuple[int, int, int]], done: threading.Event) -> None:
+        n = self._nvml
+        while not done.wait(CLOCK_SAMPLE_S):
+            try:
+                samples.append((n.nvmlDeviceGetClockInfo(self._handle, n.NVML_CLOCK_SM),
+                                n.nvmlDeviceGetTemperature(self._handle, n.NVML_TEMPERATURE_GPU),
+                                self._reasons(self._handle)))
+            except n.NVMLError:
+                return
+
+
 @dataclass
 class Run:
     mode: str
@@ -81,6 +152,7 @@ class Run:
     samplers_missing: dict[str, str] = field(default_factory=dict)
     pair: int = 0
     window_s: float | None = None  # gpudoctor's window, from its opening to its trace written
+    clocks: Clocks | None = None
     export_s: float | None = None  # of which writing the trace
 
     @property
@@ -214,12 +286,15 @@ RUNNERS = {"plain": run_plain, "gpudoctor": run_gpudoctor, "always-on": run_alwa
 
 
 def run_pair(python: str, job: list[str], scratch: Path, results: WorkloadRuns, pair: int, timeout_s: float,
-             modes: tuple[str, ...] = MODES) -> None:
+             modes: tuple[str, ...] = MODES, watch: ClockWatch | None = None) -> None:
     order = modes if pair % 2 == 0 else tuple(reversed(modes))
     done = []
     for mode in order:
         try:
-            run = RUNNERS[mode](python, job, scratch, f"{results.workload}-{pair}", timeout_s)
+            def one_run(mode: str = mode) -> Run:
+                return RUNNERS[mode](python, job, scratch, f"{results.workload}-{pair}", timeout_s)
+
+            run = watch.during(one_run) if watch else one_run()
         except RunFailed as failure:
             print(f"  {mode} failed: {failure}", flush=True)
             results.failures[mode].append(str(failure).splitlines()[0])
@@ -227,7 +302,7 @@ def run_pair(python: str, job: list[str], scratch: Path, results: WorkloadRuns, 
         else:
             run.pair = pair
             results.runs[mode].append(run)
-            done.append(f"{mode} {run.wall_s:.2f} s")
+            done.append(f"{mode} {run.wall_s:.2f} s" + (f" ({run.clocks.describe()})" if run.clocks else ""))
     print(f"  pair {pair}: " + ", ".join(done), flush=True)
 
 
@@ -280,13 +355,23 @@ def table_row(mode: str, runs: list[Run], ratios: tuple[float | None, float | No
 
 
 def print_pairs(plain: list[Run], profiled: list[Run]) -> None:
-    """Each pair's own ratio, the plain runs' spread (what the machine's noise allows to resolve), and the runs
-    taken apart: the job's timed loop, and the rest of the wall time, where gpudoctor's fixed cost lies."""
+    """Each pair's own ratio, the plain runs' spread (what the machine's noise allows to resolve), the runs the GPU
+    slowed, and the runs taken apart: the job's timed loop, and the rest of the wall time, where gpudoctor's fixed
+    cost lies."""
+    slowed = slowed_runs(plain + profiled)
+    if slowed:
+        print(f"the GPU ran slower (median SM clock under {SLOW_CLOCK_SHARE:.0%} of the fastest run's) in: "
+              + ", ".join(f"{r.mode} of pair {r.pair} ({r.clocks.describe()})" for r in slowed if r.clocks)
+              + ": ratios with these runs compare the GPU's clocks, not gpudoctor")
     plain_by_pair = {run.pair: run for run in plain}
-    ratios = [run.wall_s / plain_by_pair[run.pair].wall_s for run in profiled if run.pair in plain_by_pair]
-    if ratios:
+    pairs = [(run, plain_by_pair[run.pair]) for run in profiled if run.pair in plain_by_pair]
+    if pairs:
+        ratios = [run.wall_s / base.wall_s for run, base in pairs]
         print("wall ratio pair by pair: " + ", ".join(f"{ratio:.3f}x" for ratio in ratios)
               + f"; median {statistics.median(ratios):.3f}x")
+        steady = [run.wall_s / base.wall_s for run, base in pairs if run not in slowed and base not in slowed]
+        if slowed and steady:
+            print(f"pairs with neither run slowed: {len(steady)}, median {statistics.median(steady):.3f}x")
     walls = [run.wall_s for run in plain]
     if len(walls) > 1:
         print(f"plain runs: {min(walls):.2f} to {max(walls):.2f} s, {max(walls) / min(walls) - 1:.1%} apart")
@@ -300,6 +385,15 @@ def print_pairs(plain: list[Run], profiled: list[Run]) -> None:
     if windows:
         print(f"gpudoctor's window, opened to trace written: {statistics.median(r.window_s for r in windows):.3f} s, "
               f"of which the trace's export {statistics.median(r.export_s for r in windows):.3f} s (medians)")
+
+
+def slowed_runs(runs: list[Run]) -> list[Run]:
+    """The runs whose GPU clock ran well under the fastest run's (heat, power): empty without clock readings."""
+    clocked = [run for run in runs if run.clocks]
+    if not clocked:
+        return []
+    fastest = max(run.clocks.median_mhz for run in clocked if run.clocks)
+    return [run for run in clocked if run.clocks and run.clocks.median_mhz < SLOW_CLOCK_SHARE * fastest]
 
 
 def print_sampler_costs(runs: list[Run]) -> None:
@@ -334,8 +428,9 @@ def benchmark_workload(python: str, workload: str, args: argparse.Namespace, scr
           f"({' '.join(options) or 'default batch size'})", flush=True)
     job = [str(script), "--steps", str(steps), *options]
     results = WorkloadRuns(workload)
+    watch = ClockWatch()
     for pair in range(args.pairs):
-        run_pair(python, job, scratch, results, pair, args.run_timeout, args.modes)
+        run_pair(python, job, scratch, results, pair, args.run_timeout, args.modes, watch)
     return print_table(results)
 
 
