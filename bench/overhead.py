@@ -42,6 +42,7 @@ THROUGHPUT_TARGET = 1.01
 PROBE_STEPS = 60
 MIN_STEPS = 100
 MB = 1e6
+AFTER_WINDOW_STEP = 20  # workload_common's: the jobs time their steps after gpudoctor's default window from here
 
 # python -c ALWAYS_ON TRACE SCRIPT ARGS...: runs SCRIPT as `python SCRIPT ARGS` would, under a torch.profiler that
 # records everything, exports the trace to TRACE, and reports on stderr how long stopping and exporting took.
@@ -153,12 +154,28 @@ class Run:
     pair: int = 0
     window_s: float | None = None  # gpudoctor's window, from its opening to its trace written
     clocks: Clocks | None = None
+    exited_at: float = field(default_factory=time.time)  # made as the run's process ends: its end on the wall clock
     export_s: float | None = None  # of which writing the trace
 
     @property
     def loop_s(self) -> float:
         """The job's own timed loop, as the job measured it."""
         return self.job["wall_s"]
+
+    @property
+    def before_script_s(self) -> float:
+        """From the command's start to the job script's first line (python's start, and what a wrapper adds)."""
+        return self.job["started_at"] - (self.exited_at - self.wall_s)
+
+    @property
+    def after_script_s(self) -> float:
+        """From the job script's last line to the command's end (python's exit, and what a wrapper adds)."""
+        return self.exited_at - self.job["ended_at"]
+
+    @property
+    def head_over_pace_s(self) -> float:
+        """The first AFTER_WINDOW_STEP steps (gpudoctor's window among them) over their time at the later pace."""
+        return self.job["head_s"] - AFTER_WINDOW_STEP / self.job["steps_per_s_after_window"]
 
     @property
     def outside_loop_s(self) -> float:
@@ -381,10 +398,44 @@ def print_pairs(plain: list[Run], profiled: list[Run]) -> None:
     fixed = statistics.median(r.outside_loop_s for r in profiled) - statistics.median(r.outside_loop_s for r in plain)
     loop = statistics.median(r.loop_s for r in profiled) / statistics.median(r.loop_s for r in plain)
     print(f"gpudoctor adds {fixed:+.2f} s outside the job's loop; its loop ran {loop:.3f}x the plain loop's time")
+    print_own_time(plain, profiled)
     windows = [r for r in profiled if r.window_s is not None and r.export_s is not None]
     if windows:
         print(f"gpudoctor's window, opened to trace written: {statistics.median(r.window_s for r in windows):.3f} s, "
               f"of which the trace's export {statistics.median(r.export_s for r in windows):.3f} s (medians)")
+
+
+ACCOUNT = (("before the script's first line", "before_script_s"),
+           (f"the first {AFTER_WINDOW_STEP} steps, over their time at the pace after", "head_over_pace_s"),
+           ("after the script's last line", "after_script_s"))
+
+
+def print_own_time(plain: list[Run], profiled: list[Run]) -> None:
+    """What gpudoctor adds, from each run's own clock: the phases around the job's work, which the job's own pace
+    (its start-up, its throughput, the GPU's clocks) does not move, then the steps after the window."""
+    print("what gpudoctor adds, phase by phase (medians, plain -> gpudoctor):")
+    added = 0.0
+    for title, name in ACCOUNT:
+        before, after = (statistics.median(getattr(r, name) for r in runs) for runs in (plain, profiled))
+        added += after - before
+        print(f"  {title:<58} {before:7.3f} s -> {after:7.3f} s  {after - before:+.3f} s")
+    step_ratio = median_rate(plain) / median_rate(profiled)
+    print(f"  {'a step after the window':<58} {1e3 / median_rate(plain):7.3f} ms -> {1e3 / median_rate(profiled):.3f} "
+          f"ms ({step_ratio:.3f}x; the plain runs' own spread: {rate_spread(plain):.1%})")
+    wall = median_wall(plain)
+    print(f"  once per run: {added:+.2f} s, {1 + added / wall:.3f}x a plain run of {wall:.1f} s, "
+          f"{1 + added / 600:.3f}x a 10-minute job; with the steps after the window at {step_ratio:.3f}x: "
+          f"{(wall + added + (step_ratio - 1) * after_window_s(plain)) / wall:.3f}x this run")
+
+
+def rate_spread(runs: list[Run]) -> float:
+    rates = [run.job["steps_per_s_after_window"] for run in runs]
+    return max(rates) / min(rates) - 1
+
+
+def after_window_s(runs: list[Run]) -> float:
+    """The plain runs' median time in the steps after the window."""
+    return statistics.median(run.loop_s - run.job["head_s"] for run in runs)
 
 
 def slowed_runs(runs: list[Run]) -> list[Run]:

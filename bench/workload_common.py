@@ -41,7 +41,9 @@ def wait_for_device(device: str) -> None:
 
 def train(loader: DataLoader, train_step: Callable[[list[torch.Tensor]], torch.Tensor], steps: int,
           device: str) -> dict:
-    """Runs `train_step` (which returns the detached loss) on `steps` batches; returns the benchmark's facts."""
+    """Runs `train_step` (which returns the detached loss) on `steps` batches; returns the benchmark's facts: the
+    loop's wall time, the time of its first AFTER_WINDOW_STEP steps (gpudoctor's window among them), and the
+    steps per second after those."""
     loss_sum = torch.zeros((), device=device)
     started = time.perf_counter()
     step, after_window_started = 0, None
@@ -57,10 +59,12 @@ def train(loader: DataLoader, train_step: Callable[[list[torch.Tensor]], torch.T
     wait_for_device(device)
     ended = time.perf_counter()
     rate = (step - AFTER_WINDOW_STEP) / (ended - after_window_started) if after_window_started else None
-    return {"steps": step, "wall_s": ended - started, "steps_per_s_after_window": rate,
+    head = after_window_started - started if after_window_started else None
+    return {"steps": step, "wall_s": ended - started, "steps_per_s_after_window": rate, "head_s": head,
             "mean_loss": loss_sum.item() / max(step, 1)}
 
 
-def print_result(result: dict) -> None:
-    """The one JSON line the benchmark reads (the last stdout line that starts with `{`)."""
-    print(json.dumps(result), flush=True)
+def print_result(result: dict, started_at: float) -> None:
+    """The one JSON line the benchmark reads (the last stdout line that starts with `{`), with the script's first
+    and last moments on the wall clock: what a wrapper adds before and after the script lies outside them."""
+    print(json.dumps({**result, "started_at": started_at, "ended_at": time.time()}), flush=True)

@@ -8,14 +8,18 @@ workload_resnet.py: steps, wall time, and the throughput of the steps after the 
 onwards). --small shrinks the model and the sequences for a quick try on a CPU.
 """
 
-import argparse
-from dataclasses import dataclass
+import time
 
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
+STARTED_AT = time.time()  # before torch's import: what runs before the script itself ends here
 
-from workload_common import make_loader, pick_device, print_result, train
+import argparse  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import TensorDataset  # noqa: E402
+
+from workload_common import make_loader, pick_device, print_result, train  # noqa: E402
 
 SEQUENCES = 2048
 
@@ -81,7 +85,7 @@ def main() -> None:
         optimizer.step()
         return loss.detach()
 
-    print_result(train(loader, train_step, args.steps, device))
+    print_result(train(loader, train_step, args.steps, device), STARTED_AT)
 
 
 if __name__ == "__main__":
