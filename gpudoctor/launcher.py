@@ -327,13 +327,19 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
     if request.script is not None:
         check_script(request.script)
     run_dir = make_run_dir(request)
-    samplers = Samplers(run_dir, request.sample_interval_s)
-    manifest = _base_manifest(request, samplers)
-    write_json_atomic(run_dir / MANIFEST, manifest)
     config = ChildConfig(run_dir=str(run_dir), window=request.window, max_steps=request.max_steps,
                          with_stack=request.with_stack)
     started = time.time()
     child = subprocess.Popen(child_command(config, request.script, request.module, request.args))
+    # Set up while the script's interpreter starts: NVML's start and the GPUs' description no longer delay it.
+    try:
+        samplers = Samplers(run_dir, request.sample_interval_s)
+        manifest = _base_manifest(request, samplers)
+        write_json_atomic(run_dir / MANIFEST, manifest)
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
     samplers.start(child.pid)
     progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
     supervisor = _Supervisor(child, request.timeout_s)
