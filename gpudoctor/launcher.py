@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,10 +217,13 @@ class _Supervisor:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.child.send_signal(signal.SIGTERM)
 
-    def wait(self) -> int:
+    def wait(self, meanwhile: Callable[[], None] | None = None) -> int:
+        """Run `meanwhile` (which must not raise), then wait; Ctrl-C and SIGTERM go to the child all along."""
         previous = signal.signal(signal.SIGINT, self._on_sigint), signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+            if meanwhile is not None:
+                meanwhile()
             while True:
                 try:
                     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -323,7 +326,9 @@ def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | No
     return "completed", 0, None
 
 
-def profile(request: ProfileRequest) -> ProfileOutcome:
+def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None) -> ProfileOutcome:
+    """Run the script under the instrumentation and the samplers, and finish its bundle; `meanwhile`, which must not
+    raise, runs in this process while the script does."""
     if request.script is not None:
         check_script(request.script)
     run_dir = make_run_dir(request)
@@ -344,7 +349,7 @@ def profile(request: ProfileRequest) -> ProfileOutcome:
     progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
     supervisor = _Supervisor(child, request.timeout_s)
     try:
-        returncode = supervisor.wait()
+        returncode = supervisor.wait(meanwhile)
     finally:
         if progress is not None:
             progress.stop()

@@ -1,4 +1,5 @@
-"""Where the shipped rule pack and templates are, in a source checkout and in an installed wheel."""
+"""Where the shipped rule pack and templates are, in a source checkout and in an installed wheel; and a project's
+pyproject.toml."""
 
 from __future__ import annotations
 
@@ -24,3 +25,12 @@ def templates_dir() -> Path:
 def findings_schema() -> Path:
     """The JSON Schema (draft 2020-12) of findings.json, shipped inside the package."""
     return _PACKAGE / "schemas" / "findings.schema.json"
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The pyproject.toml of the project that `start` is in: in it, or in the nearest folder above that has one."""
+    for directory in (start, *start.parents):
+        candidate = directory / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None

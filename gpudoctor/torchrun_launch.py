@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 
 from gpudoctor.bundle import Manifest, read_manifest
 from gpudoctor.errors import BundleError, GpudoctorError
-from gpudoctor.job.layout import rank_dirs
 from gpudoctor.launcher import (
     _Supervisor,
     _terminal_sent_to_group,
@@ -118,6 +117,8 @@ def rank_command(job: TorchrunJob, run_dir: Path, rank_options: list[str]) -> li
 def make_job_dir(out: Path | None, name: str) -> Path:
     """The job's run directory, as launcher.make_run_dir makes one: the default is stamped, and an --out used before
     loses an earlier run's files (its report, its rank bundles), which would mix with this job's."""
+    from gpudoctor.job.layout import rank_dirs  # gpudoctor.job imports the analysis: here, not in `profile`'s start
+
     run_dir = out if out is not None else stamped_dir(Path("gpudoctor-runs"), f"{name}-torchrun")
     return prepare_run_dir(run_dir, rank_dirs(run_dir, with_manifest=False).values())
 
@@ -145,6 +146,8 @@ def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str]) -> JobO
 def failure_sentence(run_dir: Path, returncode: int) -> str:
     """How torchrun ended and which ranks failed, as their manifests record it: the failures before the ranks
     that were only stopped (torchrun stops the others when one fails)."""
+    from gpudoctor.job.layout import rank_dirs
+
     status = exit_status_of(returncode)
     head = (f"torchrun was killed by {signal.Signals(-returncode).name} (exit status {status})" if returncode < 0
             else f"torchrun exited with status {status}")

@@ -10,22 +10,18 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from gpudoctor.diagnose import (
-    PreparedRules,
-    RuleSelection,
-    diagnose,
-    open_run,
-    write_outputs,
-)
-from gpudoctor.engine import SEVERITIES
 from gpudoctor.errors import GpudoctorError
-from gpudoctor.report.document import Report
-from gpudoctor.report.render import to_text
+from gpudoctor.vocabulary import SEVERITIES
 
-if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
+# The analysis, the rule engine and the report are imported where they are used, not here: `gpudoctor profile`
+# starts the script without waiting for them (docs/performance.md).
+if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
     from typer._click.core import Context as _ClickContext
     from typer._click.core import Parameter as _ClickParameter
     from typer._click.formatting import HelpFormatter as _ClickHelpFormatter
+
+    from gpudoctor.diagnose import PreparedRules, RuleSelection
+    from gpudoctor.report.document import Report
 
 
 class _Group(TyperGroup):
@@ -156,6 +152,8 @@ def _fails(report: Report, fail_on: str | None) -> bool:
 
 def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[str] | None,
                rule_option: list[str] | None, rule_timeout: float | None) -> RuleSelection:
+    from gpudoctor.diagnose import RuleSelection
+
     return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()),
                          rule_timeout)
 
@@ -163,6 +161,8 @@ def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[s
 def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
                    formats: tuple[str, ...] = FORMATS) -> Report | None:
     """Analyse and write the report; a failure here is reported but never hides the script's own status."""
+    from gpudoctor.diagnose import diagnose, open_run
+
     try:
         report = diagnose(open_run(source), rules)
         _write(report, out_dir, formats)
@@ -173,6 +173,9 @@ def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
 
 
 def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
+    from gpudoctor.diagnose import write_outputs
+    from gpudoctor.report.render import to_text
+
     written = write_outputs(report, out_dir, formats)
     if "text" in formats:
         shown = written.get("html") or written.get("json")

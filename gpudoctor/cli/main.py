@@ -17,8 +17,19 @@ else:
     # Usage errors are raised by the click that typer uses, which recent typer versions vendor as typer._click.
     _ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
-from gpudoctor.cli import analyze, profile, rules  # noqa: F401 - importing them registers their commands
 from gpudoctor.cli.app import _say, app
+
+COMMAND_MODULES = ("gpudoctor.cli.analyze", "gpudoctor.cli.profile", "gpudoctor.cli.rules")
+
+
+def register_commands(argv: list[str] | None = None) -> None:
+    """Import the command modules: importing one registers its commands. `gpudoctor profile ...` imports its own
+    alone, so that the script starts before the other commands' imports (the analysis, the engine, the report)."""
+    import importlib
+
+    wanted = ["gpudoctor.cli.profile"] if argv and argv[0] == "profile" else COMMAND_MODULES
+    for name in wanted:
+        importlib.import_module(name)
 
 
 def _version(value: bool) -> None:
@@ -34,6 +45,7 @@ def _root(version: Annotated[bool, typer.Option(
 
 
 def main() -> None:
+    register_commands(sys.argv[1:])
     try:
         # Outside standalone mode click returns a typer.Exit's code instead of exiting with it.
         status = app(standalone_mode=False)

@@ -4,26 +4,25 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NamedTuple, NoReturn
 
 import typer
 from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
-from gpudoctor.diagnose import (
-    PreparedRules,
-    prepare_rules,
-)
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.job.merge import diagnose_job
 from gpudoctor.launcher import ProfileOutcome, ProfileRequest
 from gpudoctor.launcher import profile as run_profile
-from gpudoctor.report.document import Report
+from gpudoctor.paths import find_pyproject
 from gpudoctor.torchrun_launch import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
+from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
-if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer
+if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
     from typer._click.core import Command as _ClickCommand
     from typer._click.core import Context as _ClickContext
+
+    from gpudoctor.diagnose import PreparedRules
+    from gpudoctor.report.document import Report
 
 from gpudoctor.cli.app import (
     PROFILE_HELP,
@@ -128,11 +127,11 @@ def profile(
     if module is not None and script is not None:
         args.insert(0, script)
         script = None
+    selection = _RuleArgs(rules, select, ignore, rule_option, rule_timeout)
     if is_torchrun(script, module):
         _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
         job = _torchrun_job(args)
-        prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
-        _profile_job(job, out, _rank_options(ctx), prepared, formats, fail_on)
+        _profile_job(job, out, _rank_options(ctx), _prepare(selection), formats, fail_on)
     request = ProfileRequest(
         script=script, module=module, args=args, out=out,
         window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
@@ -140,18 +139,74 @@ def profile(
         max_steps=max_steps,
         timeout_s=timeout, with_stack=with_stack,
     )
-    # The rules are loaded and checked before the script runs, so that a bad rule file costs no run.
-    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
-    outcome = run_profile(request)
+    if _rules_beyond_the_builtins(selection):
+        # Loaded and checked before the script runs, so that a bad rule file or setting costs no run.
+        prepared: PreparedRules | BaseException = _prepare(selection)
+        outcome = run_profile(request)
+    else:  # the built-in rules alone: loaded while the script runs, which starts without waiting for them
+        loaded: list[PreparedRules | BaseException] = []
+        outcome = run_profile(request, meanwhile=lambda: loaded.append(_prepare_or_error(selection)))
+        prepared = loaded[0]
     ending = _misplaced_options(ctx, request, outcome) or outcome.message
     in_verdict = outcome.ending == "exception" and "text" in formats  # the summary's first sentence names it
     _say_each(None if in_verdict else ending, outcome.note)
+    if isinstance(prepared, BaseException):
+        _say(f"the bundle was written to {outcome.run_dir}, but the rules could not be loaded: {prepared}")
+        if not isinstance(prepared, GpudoctorError):
+            raise prepared
+        raise typer.Exit(outcome.exit_status)
     report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
     _say_each(ending if in_verdict and report is None else None)
     status = outcome.exit_status
     if status == 0 and report is not None and _fails(report, fail_on):
         status = EXIT_FINDINGS
     raise typer.Exit(status)
+
+
+class _RuleArgs(NamedTuple):
+    """The rule options as given: --rules, --select, --ignore, --rule-option, --rule-timeout."""
+    rules: list[str] | None
+    select: list[str] | None
+    ignore: list[str] | None
+    rule_option: list[str] | None
+    rule_timeout: float | None
+
+
+def _prepare(selection: _RuleArgs) -> PreparedRules:
+    from gpudoctor.diagnose import prepare_rules
+
+    return prepare_rules(_selection(*selection))
+
+
+def _prepare_or_error(selection: _RuleArgs) -> PreparedRules | BaseException:
+    """The rules, or what stopped them loading: it is said once the script has ended, never while it runs."""
+    try:
+        return _prepare(selection)
+    except Exception as exc:  # noqa: BLE001 - the script runs on; the error is reported after it
+        return exc
+
+
+def _rules_beyond_the_builtins(selection: _RuleArgs) -> bool:
+    """Whether anything but the built-in rules with their defaults may come into this run: a rule option on the
+    command line, [tool.gpudoctor] in the project's pyproject.toml, or an installed package's rules."""
+    from importlib.metadata import entry_points
+
+    if any(value is not None for value in selection):
+        return True
+    pyproject = find_pyproject(Path.cwd().resolve())
+    if pyproject is not None and _sets_gpudoctor(pyproject):
+        return True
+    return bool(entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _sets_gpudoctor(pyproject: Path) -> bool:
+    """Whether pyproject.toml has a [tool.gpudoctor] table; one that cannot be read counts, to be checked first."""
+    import tomllib
+
+    try:
+        return "gpudoctor" in tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return True
 
 
 # The options each rank's `gpudoctor profile` takes as they were given; --out, --format and --fail-on are the job's.
@@ -193,6 +248,8 @@ def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], pr
 
 def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
     """The job's merged report, written into run_dir; a failure is said but never hides torchrun's status."""
+    from gpudoctor.job.merge import diagnose_job
+
     try:
         report = diagnose_job([run_dir], prepared)
         _write(report, run_dir, formats)

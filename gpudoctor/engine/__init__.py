@@ -12,18 +12,16 @@
 from __future__ import annotations
 
 from gpudoctor.engine.api import (
-    CATEGORIES,
     CODE_PATTERN,
     NAME_PATTERN,
     REQUIRED_SECTIONS,
-    SEVERITIES,
     Finding,
     Rule,
     RuleFunction,
     rule,
     rule_of,
 )
-from gpudoctor.engine.loading import BUILTIN_PREFIX, ENTRY_POINT_GROUP, builtin_rules, load_rules, rules_in
+from gpudoctor.engine.loading import BUILTIN_PREFIX, builtin_rules, load_rules, rules_in
 from gpudoctor.engine.lookup import find_rule, select_rules
 from gpudoctor.engine.options import (
     ProjectConfig,
@@ -34,6 +32,7 @@ from gpudoctor.engine.options import (
 from gpudoctor.engine.retired import retired_codes, retired_reason
 from gpudoctor.engine.runner import EngineResult, finding_key, rank, run_rules
 from gpudoctor.engine.windows import Diagnosis, diagnose_windows
+from gpudoctor.vocabulary import CATEGORIES, ENTRY_POINT_GROUP, SEVERITIES
 
 __all__ = [
     "BUILTIN_PREFIX", "CATEGORIES", "CODE_PATTERN", "ENTRY_POINT_GROUP", "NAME_PATTERN", "REQUIRED_SECTIONS",

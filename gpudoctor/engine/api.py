@@ -15,14 +15,10 @@ from typing import Any, TypeVar
 
 from gpudoctor.analysis.views import Location
 from gpudoctor.errors import RuleLoadError
+from gpudoctor.vocabulary import CATEGORIES, SEVERITIES
 
-CATEGORIES = (
-    "data_starvation", "blocking_copy", "sync_point", "gil_contention", "small_batch", "fork_after_cuda",
-    "cpu_oversubscription", "cpu_contention", "host_memory_pressure", "straggler", "communication",
-)
 # What a rule looks at: one process's run (a `Run`), or a torchrun job's ranks together (a `gpudoctor.job.Job`).
 SCOPES = ("run", "job")
-SEVERITIES = ("info", "warning", "critical")
 CODE_PATTERN = re.compile(r"^[A-Z][A-Z0-9]{0,7}[0-9]{3}$")
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 RULE_ATTRIBUTE = "rule"  # where @rule puts the Rule on the function it decorates

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 
 from gpudoctor.analysis import Location
 from gpudoctor.bundle.findings import Evidence, EvidenceValue, FindingLocation, FindingRecord
-from gpudoctor.engine.api import SEVERITIES, Finding, Rule
+from gpudoctor.engine.api import Finding, Rule
+from gpudoctor.vocabulary import SEVERITIES
 
 
 class InvalidFinding(ValueError):

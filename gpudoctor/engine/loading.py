@@ -20,8 +20,8 @@ from gpudoctor.engine.api import Rule, missing_sections, rule_of
 from gpudoctor.engine.retired import retired_reason
 from gpudoctor.errors import RuleLoadError
 from gpudoctor.paths import builtin_rules_dir
+from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
-ENTRY_POINT_GROUP = "gpudoctor.rules"
 BUILTIN_PREFIX = "GD"
 
 

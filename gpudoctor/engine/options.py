@@ -24,6 +24,7 @@ from gpudoctor.engine.api import Rule
 from gpudoctor.engine.lookup import find_rule
 from gpudoctor.engine.retired import refuse_retired
 from gpudoctor.errors import RuleLoadError
+from gpudoctor.paths import find_pyproject
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,14 +40,6 @@ class ProjectConfig:
     ignore: list[str] = field(default_factory=list)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     rule_timeout_s: float | None = None  # [tool.gpudoctor] rule_timeout: seconds a rule may run
-
-
-def find_pyproject(start: Path) -> Path | None:
-    for directory in (start, *start.parents):
-        candidate = directory / "pyproject.toml"
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def load_project_config(start: Path | None = None) -> ProjectConfig:

@@ -18,8 +18,9 @@ from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
 from gpudoctor.analysis.timebase import step_time
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
-from gpudoctor.engine.api import SEVERITIES, Rule, RuleFunction, rule_of
+from gpudoctor.engine.api import Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
+from gpudoctor.vocabulary import SEVERITIES
 
 # A finding that saves less than this share of the step is at most `info`: it is below the run-to-run noise
 # of step times (the two plain runs of each recorded fixture differ by 2-5%, fixtures/measurements.json).

@@ -5,10 +5,11 @@ from __future__ import annotations
 import keyword
 from pathlib import Path
 
-from gpudoctor.engine.api import CATEGORIES, NAME_PATTERN, REQUIRED_SECTIONS, check_code
+from gpudoctor.engine.api import NAME_PATTERN, REQUIRED_SECTIONS, check_code
 from gpudoctor.engine.loading import BUILTIN_PREFIX
 from gpudoctor.engine.retired import refuse_retired
 from gpudoctor.errors import OutputNotWritableError, RuleLoadError
+from gpudoctor.vocabulary import CATEGORIES
 
 DEFAULT_NAME = "long-data-wait"
 
