@@ -168,6 +168,11 @@ class Run:
         return self.job["started_at"] - (self.exited_at - self.wall_s)
 
     @property
+    def job_start_s(self) -> float:
+        """From the job script's first line to its loop: torch's import, CUDA's start, the model, the loader."""
+        return self.job["loop_started_at"] - self.job["started_at"]
+
+    @property
     def after_script_s(self) -> float:
         """From the job script's last line to the command's end (python's exit, and what a wrapper adds)."""
         return self.exited_at - self.job["ended_at"]
@@ -406,6 +411,7 @@ def print_pairs(plain: list[Run], profiled: list[Run]) -> None:
 
 
 ACCOUNT = (("before the script's first line", "before_script_s"),
+           ("from the script's first line to its loop", "job_start_s"),
            (f"the first {AFTER_WINDOW_STEP} steps, over their time at the pace after", "head_over_pace_s"),
            ("after the script's last line", "after_script_s"))
 
@@ -423,6 +429,8 @@ def print_own_time(plain: list[Run], profiled: list[Run]) -> None:
     print(f"  {'a step after the window':<58} {1e3 / median_rate(plain):7.3f} ms -> {1e3 / median_rate(profiled):.3f} "
           f"ms ({step_ratio:.3f}x; the plain runs' own spread: {rate_spread(plain):.1%})")
     wall = median_wall(plain)
+    starts = [r.job_start_s for r in plain]
+    print(f"  (the plain runs' own start, first line to loop, took {min(starts):.2f} to {max(starts):.2f} s)")
     print(f"  once per run: {added:+.2f} s, {1 + added / wall:.3f}x a plain run of {wall:.1f} s, "
           f"{1 + added / 600:.3f}x a 10-minute job; with the steps after the window at {step_ratio:.3f}x: "
           f"{(wall + added + (step_ratio - 1) * after_window_s(plain)) / wall:.3f}x this run")

@@ -42,10 +42,10 @@ def wait_for_device(device: str) -> None:
 def train(loader: DataLoader, train_step: Callable[[list[torch.Tensor]], torch.Tensor], steps: int,
           device: str) -> dict:
     """Runs `train_step` (which returns the detached loss) on `steps` batches; returns the benchmark's facts: the
-    loop's wall time, the time of its first AFTER_WINDOW_STEP steps (gpudoctor's window among them), and the
-    steps per second after those."""
+    loop's wall time and its start on the wall clock, the time of its first AFTER_WINDOW_STEP steps (gpudoctor's
+    window among them), and the steps per second after those."""
     loss_sum = torch.zeros((), device=device)
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     step, after_window_started = 0, None
     while step < steps:
         for batch in loader:
@@ -61,7 +61,7 @@ def train(loader: DataLoader, train_step: Callable[[list[torch.Tensor]], torch.T
     rate = (step - AFTER_WINDOW_STEP) / (ended - after_window_started) if after_window_started else None
     head = after_window_started - started if after_window_started else None
     return {"steps": step, "wall_s": ended - started, "steps_per_s_after_window": rate, "head_s": head,
-            "mean_loss": loss_sum.item() / max(step, 1)}
+            "loop_started_at": started_at, "mean_loss": loss_sum.item() / max(step, 1)}
 
 
 def print_result(result: dict, started_at: float) -> None:
