@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -59,12 +59,13 @@ from gpudoctor.bundle.manifest import (
     WindowSettings,
 )
 from gpudoctor.collect.config import ChildConfig, WindowConfig
-from gpudoctor.collect.samplers import Samplers
 from gpudoctor.collect.stub import child_command
 from gpudoctor.collect.window import LOG
 from gpudoctor.errors import EXIT_TIMEOUT, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
 from gpudoctor.ranks import torchrun_rank
-from gpudoctor.ui.status_line import Progress
+
+if TYPE_CHECKING:
+    from gpudoctor.collect.samplers import Samplers
 
 STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
 
@@ -336,8 +337,12 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
                          with_stack=request.with_stack)
     started = time.time()
     child = subprocess.Popen(child_command(config, request.script, request.module, request.args))
-    # Set up while the script's interpreter starts: NVML's start and the GPUs' description no longer delay it.
+    # Set up while the script's interpreter starts: the samplers' imports, NVML's start and the GPUs'
+    # description do not delay it.
     try:
+        from gpudoctor.collect.samplers import Samplers
+        from gpudoctor.ui.status_line import Progress
+
         samplers = Samplers(run_dir, request.sample_interval_s)
         manifest = _base_manifest(request, samplers)
         write_json_atomic(run_dir / MANIFEST, manifest)
