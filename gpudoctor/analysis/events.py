@@ -104,11 +104,30 @@ class RunEvents:
     def __init__(self, events: Iterable[AnyEvent]) -> None:
         self.steps = StepLog()
         self.others: list[AnyEvent] = []  # every event but the steps, in order
+        self.prologue_steps = 0  # steps counted by a weaker source before the window restarted (left out)
+        restart: tuple[int, int] | None = None  # where the last restart came, in steps and other events
         for event in events:
             if isinstance(event, StepEvent):
                 self.steps.append(event)
-            else:
-                self.others.append(event)
+                continue
+            if isinstance(event, WindowEvent) and event.state == "restarted":
+                restart = (len(self.steps), len(self.others))
+                continue
+            if isinstance(event, WindowEvent) and event.state == "opened" and restart is not None:
+                self._drop_prologue(*restart)
+                restart = None
+            self.others.append(event)
+
+    def _drop_prologue(self, steps_at: int, others_at: int) -> None:
+        """A stronger step source took over and the window opened again on its steps: the steps before (an
+        evaluation loop's forward calls, say) and the windows that measured them are not the run's. A restart
+        that no window followed leaves the run as it was: its earlier window is all there is."""
+        kept = StepLog()
+        for event in self.steps.between(steps_at, len(self.steps)):
+            kept.append(event)
+        self.prologue_steps += steps_at
+        self.steps = kept
+        self.others = [e for n, e in enumerate(self.others) if n >= others_at or not isinstance(e, WindowEvent)]
 
     @cached_property
     def windows(self) -> list[WindowInfo]:

@@ -29,7 +29,11 @@ def step_source(run: Run) -> str | None:
     declared = run.events(StepSourceEvent)
     if not declared or not run.all_steps:
         return None
-    return SOURCE_NAMES.get(declared[-1].source, declared[-1].source)
+    # The source in force at the first analysed step: a stronger one that took over later, in a run too short to
+    # measure its steps again (collect.window's restart), counted none of them.
+    first = run.steps[0].index if run.steps else None
+    in_force = [e for e in declared if first is None or e.at_step <= first] or declared
+    return SOURCE_NAMES.get(in_force[-1].source, in_force[-1].source)
 
 
 @dataclass(frozen=True)

@@ -267,9 +267,11 @@ class StepEvent(Record, Event, tag="step", frozen=True):
 
 
 class WindowEvent(Record, Event, tag="window", frozen=True):
-    """The profiling window opened, closed (its trace written) or ended early."""
+    """The profiling window opened, closed (its trace written), ended early, or restarted: a stronger step source
+    took over, and the steps and windows before this event were not the program's steps (`first_step`: where the
+    next window opens)."""
 
-    state: str  # opened | closed | ended_early
+    state: str  # opened | closed | ended_early | restarted
     index: Count = 0  # bundles from before --every have one window and no index
     first_step: Count | None = None
     cuda: bool | None = None

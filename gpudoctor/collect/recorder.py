@@ -169,9 +169,24 @@ class Recorder:
     def _claims(self, source: str) -> bool:
         """Whether a boundary signalled by `source` ends a step: the strongest source seen wins."""
         if self.source is None or SOURCE_RANK[source] > SOURCE_RANK[self.source]:
+            superseded = self.source is not None and self.completed > 0
             self.source = source
             self.emit(StepSourceEvent(source=source, at_step=self.completed))
+            if superseded:
+                self._restart_window()
         return source == self.source
+
+    def _restart_window(self) -> None:
+        """The steps counted so far came from a weaker source (an evaluation loop's forward calls before the
+        training loop's optimizer): the window starts over on the new source's steps."""
+        hooked_before = self.window.attributing
+        self.window.restart(self.completed)
+        self.markers.annotate = self.window.recording and self.window.cpu_ops
+        with self._lock:
+            self.current.window = self.window.state_for_step(self.completed)
+            self.current.window_index = max(0, self.window.index)
+        if self.window.attributing != hooked_before:
+            self._notify_window()
 
     def on_batch_requested(self) -> None:
         """A DataLoader is asked for its next batch; in DataLoader mode that starts a new step."""

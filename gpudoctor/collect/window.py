@@ -213,6 +213,8 @@ class ProfilerWindow:
         self.cpu_ops = False  # the profiler open now records CPU operators (and so gpudoctor's annotations)
         self.index = -1  # the window open now, or the last one opened
         self._first_step = config.wait  # the first step of the window open now (or of the first one)
+        self._opens_at = config.wait  # the step at which the first window opens
+        self._stale_traces = 0  # traces of windows 0 to this one (excluded) from before a restart, for the next open
         self._opened_at = 0.0  # time.monotonic() when the last window opened
         self._chatter = ProfilerChatter(run_dir / LOG)
 
@@ -230,7 +232,7 @@ class ProfilerWindow:
         return DETAIL if into < self.config.length else CLOSED
 
     def on_step_completed(self, completed: int) -> None:
-        if self.state == WAITING and completed >= self.config.wait:
+        if self.state == WAITING and completed >= self._opens_at:
             self._open(completed)
             return
         into = completed - self._first_step
@@ -250,6 +252,31 @@ class ProfilerWindow:
         """Whether a repeated window should open now."""
         return (self.config.every_s is not None and self.state == CLOSED and self.index >= 0
                 and time.monotonic() - self._opened_at >= self.config.every_s)
+
+    def restart(self, completed: int) -> None:
+        """Open again `wait` steps from now: the steps counted so far were not the program's own.
+
+        The recorder calls this when a stronger step source takes over after a weaker one counted steps: an
+        evaluation before training (nanoGPT's estimate_loss, a sanity check) counted by the model's forward calls,
+        then the training loop's optimizer. A window open now is closed and written as usual, so that a run whose
+        new steps never reach the window still has it; the next window to open deletes it and every trace
+        before it, and the analysis (`restarted`) reads the steps from that window's source on.
+        """
+        if self.state == FAILED:
+            return
+        if self.state == WAITING and self.index < 0 and self._opens_at == completed + self.config.wait:
+            return  # nothing counted since the last restart
+        if self._profiler is not None:
+            if threading.current_thread() is not threading.main_thread():
+                return  # Kineto is stopped on the thread that started it: this window stays as it is
+            self._stop_and_export()
+            if self.state == FAILED:
+                return
+        self._stale_traces = max(self._stale_traces, self.index + 1)
+        self.index = -1
+        self.state = WAITING
+        self._opens_at = self._first_step = completed + self.config.wait
+        self._emit(WindowEvent(state="restarted", first_step=self._opens_at))
 
     def close(self) -> None:
         """Stop early (script ended, --max-steps, Ctrl-C): an active window still writes what it recorded."""
@@ -282,6 +309,9 @@ class ProfilerWindow:
                 return
         else:  # Kineto started from a thread other than the one that registered it can crash the process
             self._emit(CollectorEvent(name="profiler", ok=False, reason=OFF_MAIN_THREAD))
+        for index in range(self._stale_traces):
+            (self._run_dir / trace_name(index)).unlink(missing_ok=True)
+        self._stale_traces = 0
         self.index += 1
         self._first_step = completed
         self._opened_at = time.monotonic()

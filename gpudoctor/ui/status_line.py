@@ -53,6 +53,9 @@ class Status:
                     self.window_first_step = event.first_step
                 elif event.state == "closed":
                     self.windows_recorded += 1
+                elif event.state == "restarted":  # the steps so far were not the program's: it opens later
+                    self.windows_recorded = 0
+                    self.window_first_step = event.first_step or self.window.wait
 
     def _window_text(self) -> str:
         w = self.window
@@ -63,7 +66,7 @@ class Status:
         if self.window_event in ("failed", "ended_early"):
             return "profiled window not recorded"
         if self.state == "waiting":
-            return f"profiling starts after step {w.wait}"
+            return f"profiling starts after step {self.window_first_step}"
         if self.state == "warmup":
             return "profiler warming up"
         if self.state == "active":

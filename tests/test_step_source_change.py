@@ -1,0 +1,63 @@
+"""A program that evaluates before it trains (nanoGPT, a sanity check) has its evaluation calls counted as steps
+until the optimizer's first step takes over: the window then starts over on the training steps, and the analysis
+reads those alone."""
+
+from __future__ import annotations
+
+from conftest import Gpudoctor, script
+from gpudoctor.analysis import Run
+from gpudoctor.bundle.events import StepEvent, WindowEvent
+
+SLEEP_S = 0.02  # each training step's sleep: an evaluation call takes well under it
+
+
+def _window_states(result) -> list[str]:
+    return [e.state for e in result.events(WindowEvent)]
+
+
+def test_the_window_measures_the_training_steps_after_an_evaluation(gd: Gpudoctor) -> None:
+    # 12 evaluation calls: the window (wait 1, warm-up 1, active 2, detail 1) opens and closes among them.
+    result = gd.profile(script("eval_then_train.py"), "--eval-calls", "12", "--steps", "10")
+    assert result.returncode == 0, result
+    assert _window_states(result) == ["opened", "closed", "restarted", "opened", "closed"]
+    run = result.findings()["run"]
+    assert run["step_source"] == "optimizer"
+    assert run["steps_total"] == 10
+    assert run["steps_analysed"] == 2
+    assert run["median_step_s"] >= SLEEP_S
+    steps = Run.from_bundle(result.run_dir).all_steps
+    assert all(s.wall_s >= SLEEP_S for s in steps[1:])  # the first also holds the last evaluation call
+    assert [p.name for p in result.run_dir.glob("trace*")] == ["trace.json.gz"]
+
+
+def test_a_window_open_when_training_begins_is_written_then_replaced(gd: Gpudoctor) -> None:
+    # 3 evaluation calls: the window is still profiling when the optimizer's first step comes.
+    result = gd.profile(script("eval_then_train.py"), "--eval-calls", "3", "--steps", "10")
+    assert result.returncode == 0, result
+    assert _window_states(result) == ["opened", "closed", "restarted", "opened", "closed"]
+    recorded = result.events(StepEvent)
+    restarted_at = next(e.first_step for e in result.events(WindowEvent) if e.state == "restarted")
+    assert [e.window for e in recorded if e.step >= restarted_at - 1][:4] == ["waiting", "warmup", "active", "active"]
+    run = result.findings()["run"]
+    assert run["steps_total"] == 10 and run["steps_analysed"] == 2
+    assert run["median_step_s"] >= SLEEP_S
+    assert [p.name for p in result.run_dir.glob("trace*")] == ["trace.json.gz"]
+
+
+def test_training_too_short_for_a_new_window_keeps_the_evaluations(gd: Gpudoctor) -> None:
+    # The default window: 5 steps' wait, 2 warm-up, 5 active, 5 detail. 3 training steps never reach a new one.
+    result = gd.profile(script("eval_then_train.py"), "--eval-calls", "20", "--steps", "3", options=())
+    assert result.returncode == 0, result
+    assert _window_states(result) == ["opened", "closed", "restarted", "ended_early"]
+    run = result.findings()["run"]
+    assert run["steps_analysed"] == 5  # the evaluation's window, measured before the restart, is what there is
+    assert run["steps_total"] == 23
+    assert run["step_source"] == "forward"  # what counted the analysed steps: the optimizer came after them
+    assert (result.run_dir / "trace.json.gz").is_file()
+
+
+def test_a_training_loop_that_starts_at_once_opens_its_window_as_before(gd: Gpudoctor) -> None:
+    result = gd.profile(script("eval_then_train.py"), "--eval-calls", "0", "--steps", "8")
+    assert result.returncode == 0, result
+    assert _window_states(result) == ["opened", "closed"]
+    assert [e.window for e in result.events(StepEvent)][:2] == ["waiting", "warmup"]
