@@ -56,6 +56,18 @@ def test_training_too_short_for_a_new_window_keeps_the_evaluations(gd: Gpudoctor
     assert (result.run_dir / "trace.json.gz").is_file()
 
 
+def test_steps_that_run_an_evaluation_are_left_out_of_the_runs_pace(gd: Gpudoctor) -> None:
+    # Every 8th training step (20 ms) also evaluates: 40 model calls of 5 ms. The pace is the training steps'.
+    result = gd.profile(script("eval_then_train.py"), "--eval-calls", "0", "--steps", "40", "--eval-every", "8")
+    assert result.returncode == 0, result
+    run = result.findings()["run"]
+    assert run["step_s_basis"] == "unprofiled"
+    assert run["step_s_evaluations"] == 4  # steps 16, 24, 32 and 40: the window and its next step hold step 8
+    assert SLEEP_S <= run["step_s"] < 2 * SLEEP_S
+    said = f"(the mean of {run['step_s_steps']} steps after the profiling window; 4 with an evaluation left out)"
+    assert said in result.stderr
+
+
 def test_a_training_loop_that_starts_at_once_opens_its_window_as_before(gd: Gpudoctor) -> None:
     result = gd.profile(script("eval_then_train.py"), "--eval-calls", "0", "--steps", "8")
     assert result.returncode == 0, result

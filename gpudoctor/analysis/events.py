@@ -34,6 +34,7 @@ class StepLog:
         self._written = array("d")  # a plain step's `t`; NaN where it had none
         self._batches = array("q")
         self._backwards = array("q")  # a plain step's backward() calls (one, in most training steps)
+        self._forwards = array("q")  # a plain step's calls of the outermost model
         self._labels = array("H")  # a plain step's (source, window), as an index into _label_values
         self._label_values: list[tuple[str, str]] = []
         self._label_codes: dict[tuple[str, str], int] = {}
@@ -47,6 +48,7 @@ class StepLog:
             self._written.append(float("nan") if event.t is None else event.t)
             self._batches.append(event.batches)
             self._backwards.append(event.backwards)
+            self._forwards.append(event.forwards)
             self._labels.append(self._label_code((event.source, event.window)))
         else:
             self._kept_whole[position] = event
@@ -54,6 +56,7 @@ class StepLog:
             self._written.append(0.0)
             self._batches.append(0)
             self._backwards.append(0)
+            self._forwards.append(0)
             self._labels.append(0)
 
     def __len__(self) -> int:
@@ -86,7 +89,8 @@ class StepLog:
         source, window = self._label_values[self._labels[position]]
         written = self._written[position]
         return StepEvent(step=self.numbers[position], t0=t0, t1=t1, wall_s=wall_s, data_wait_s=data_wait_s,
-                         batches=self._batches[position], backwards=self._backwards[position], source=source,
+                         batches=self._batches[position], backwards=self._backwards[position],
+                         forwards=self._forwards[position], source=source,
                          window=window,
                          t=None if written != written else written)  # NaN: no `t` was written
 

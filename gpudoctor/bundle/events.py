@@ -242,6 +242,7 @@ class StepEvent(Record, Event, tag="step", frozen=True):
     data_wait_s: Seconds = 0.0
     batches: Count = 0
     backwards: Count = 0  # backward() calls in the step
+    forwards: Count = 0  # calls of the outermost model in the step (an evaluation inside a step makes many)
     # time.time() at the last of several backward() calls (gradient accumulation); None with one or none.
     last_backward_t: float | None = None
     # The step that backward() or forward() calls were counting when the script ended: nothing closed it but the
@@ -259,7 +260,7 @@ class StepEvent(Record, Event, tag="step", frozen=True):
 
     @property
     def plain(self) -> bool:
-        """A step outside the profiling windows: only its times, wait, batches, backward() calls and labels (a
+        """A step outside the profiling windows: only its times, wait, batches, model and backward() calls and labels (a
         step that says when its last backward() began is kept whole)."""
         return (self.phases is None and self.copies is None and self.syncs is None and self.gil is None
                 and self.cuda_memory is None and self.window_index == 0 and self.last_backward_t is None

@@ -87,6 +87,7 @@ class StepRecord:
         return StepEvent(
             step=self.index, t0=self.t0, t1=t1, wall_s=max(0.0, p1 - self.p0), data_wait_s=self.data_wait_s,
             batches=self.batches, source=source, window=self.window, backwards=self.backwards,
+            forwards=self.forwards,
             last_backward_t=self.last_backward_t if self.backwards > 1 else None, ends_run=ends_run,
             window_index=self.window_index if in_window else 0,
             phases=Phases(**self.phases) if hooked else None,

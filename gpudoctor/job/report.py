@@ -25,6 +25,7 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
     paced = rank_reports[job.paced_rank.rank]["run"]  # the rank whose step time is the job's
     run: RunFacts = {**base["run"], "median_step_s": job.step_s, "step_s": job.pace_s,
                      "step_s_basis": paced["step_s_basis"], "step_s_steps": paced["step_s_steps"],
+                     "step_s_evaluations": paced.get("step_s_evaluations", 0),
                      "world_size": job.world_size,
                      "ranks": [r.figures.to_json() for r in job.ranks]}
     report: Report = {

@@ -237,7 +237,7 @@ def _run_facts(run: Run) -> RunFacts:
         "gpus": [g.name for g in env.gpus], "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": reference.seconds, "step_s": _seconds_or_none(pace.seconds), "step_s_basis": pace.basis,
-        "step_s_steps": pace.steps, "step_source": step_source(run),
+        "step_s_steps": pace.steps, "step_s_evaluations": pace.evaluations, "step_source": step_source(run),
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
         "median_step_outside_window": reference.outside,
         "gpu_work_per_step_s": _seconds_or_none(run.gpu_work_per_step_s),

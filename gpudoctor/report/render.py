@@ -140,7 +140,11 @@ def step_time_text(run: RunFacts) -> str | None:
     if step is None:
         return None
     words = STEP_BASIS_WORDS.get(basis or "")
-    return seconds(step) + (f" ({words.format(n=run['step_s_steps'])})" if words else "")
+    if not words:
+        return seconds(step)
+    evaluations = run.get("step_s_evaluations") or 0
+    left_out = f"; {evaluations} with an evaluation left out" if evaluations and basis != "gpu_work" else ""
+    return seconds(step) + f" ({words.format(n=run['step_s_steps'])}{left_out})"
 
 
 def median_step_text(run: RunFacts) -> str | None:
