@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import Gpudoctor, script
 from gpudoctor.analysis import Run
-from gpudoctor.bundle.events import StepEvent, WindowEvent
+from gpudoctor.bundle.events import ForwardSiteEvent, StepEvent, WindowEvent
 
 SLEEP_S = 0.02  # each training step's sleep: an evaluation call takes well under it
 
@@ -25,8 +25,12 @@ def test_the_window_measures_the_training_steps_after_an_evaluation(gd: Gpudocto
     assert run["steps_total"] == 10
     assert run["steps_analysed"] == 2
     assert run["median_step_s"] >= SLEEP_S
-    steps = Run.from_bundle(result.run_dir).all_steps
-    assert all(s.wall_s >= SLEEP_S for s in steps[1:])  # the first also holds the last evaluation call
+    analysed = Run.from_bundle(result.run_dir)
+    assert all(s.wall_s >= SLEEP_S for s in analysed.all_steps[1:])  # the first also holds the last evaluation call
+    # Both windows' detail steps saw where the model is called; only the training loop's line is the run's.
+    recorded = {e.site.function for e in result.events(ForwardSiteEvent) if e.site}
+    assert recorded == {"evaluate", "main"}
+    assert {e.site.function for e in analysed.events(ForwardSiteEvent) if e.site} == {"main"}
     assert [p.name for p in result.run_dir.glob("trace*")] == ["trace.json.gz"]
 
 

@@ -16,10 +16,20 @@ from typing import TypeVar
 
 from gpudoctor.analysis.views import WindowInfo
 from gpudoctor.bundle import trace_name
-from gpudoctor.bundle.events import AnyEvent, StepEvent, WindowEvent
+from gpudoctor.bundle.events import (
+    AnyEvent,
+    BackwardSiteEvent,
+    ForwardSiteEvent,
+    HostLinesEvent,
+    StepEvent,
+    WindowEvent,
+)
 
 ANALYSED_WINDOW_STATES = ("active",)
 TRACED_WINDOW_STATES = ("warmup", "active")  # the steps the profiler records
+# What a window records besides its steps: its opening and closing, and what its detail steps' hooks saw (the lines
+# that call the model and backward(), the lines the host ran).
+WINDOW_BOUND = (WindowEvent, ForwardSiteEvent, BackwardSiteEvent, HostLinesEvent)
 _TIMES = 4  # a plain step's t0, t1, wall_s and data_wait_s, in the times column
 
 E = TypeVar("E", bound=AnyEvent)
@@ -124,14 +134,14 @@ class RunEvents:
 
     def _drop_prologue(self, steps_at: int, others_at: int) -> None:
         """A stronger step source took over and the window opened again on its steps: the steps before (an
-        evaluation loop's forward calls, say) and the windows that measured them are not the run's. A restart
-        that no window followed leaves the run as it was: its earlier window is all there is."""
+        evaluation loop's forward calls, say) and what the windows that measured them recorded are not the run's.
+        A restart that no window followed leaves the run as it was: its earlier window is all there is."""
         kept = StepLog()
         for event in self.steps.between(steps_at, len(self.steps)):
             kept.append(event)
         self.prologue_steps += steps_at
         self.steps = kept
-        self.others = [e for n, e in enumerate(self.others) if n >= others_at or not isinstance(e, WindowEvent)]
+        self.others = [e for n, e in enumerate(self.others) if n >= others_at or not isinstance(e, WINDOW_BOUND)]
 
     @cached_property
     def windows(self) -> list[WindowInfo]:
