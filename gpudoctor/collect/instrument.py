@@ -34,6 +34,7 @@ from gpudoctor.bundle.events import (
 )
 from gpudoctor.bundle.records import Site
 from gpudoctor.collect.callsite import location, user_frame_from, user_location
+from gpudoctor.collect.compile_safe import compiling_check, hide_global_hook_warning, plain_tensor_types, quietly
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.patches import Patches
@@ -212,12 +213,15 @@ class Instrumentation:
     def _forward_hooks(self) -> list[Any]:
         from torch.nn.modules import module
 
-        recorder, markers = self.recorder, self.recorder.markers
+        recorder, markers, compiling = self.recorder, self.recorder.markers, compiling_check()
+        hide_global_hook_warning()
         # Fresh for each window: a forward that a thread was in when the hooks last went off never closed.
         local = threading.local()
         sites_seen: set[tuple[str, int]] = set()
 
         def pre(mod: Any, args: Any) -> None:
+            if compiling():
+                return
             depth = getattr(local, "depth", 0)
             if depth == 0:
                 local.forward = (markers.begin("forward"), perf_counter())
@@ -229,6 +233,8 @@ class Instrumentation:
             local.depth = depth + 1
 
         def post(mod: Any, args: Any, output: Any) -> None:
+            if compiling():
+                return
             depth = getattr(local, "depth", 0)
             if depth == 0:  # a forward that began before the hooks were on (in this thread): nothing to close
                 return
@@ -247,11 +253,13 @@ class Instrumentation:
     def _patch_backward(self) -> None:
         import torch.autograd
 
-        recorder, markers = self.recorder, self.recorder.markers
+        recorder, markers, compiling = self.recorder, self.recorder.markers, compiling_check()
         sites_seen: set[tuple[str, int]] = set()
 
         def make(original: Any) -> Any:
             def backward(*args: Any, **kwargs: Any) -> Any:
+                if compiling():
+                    return original(*args, **kwargs)
                 site = user_location()
                 key = (site.file, site.line) if site else ("", 0)
                 if key not in sites_seen:  # where the script calls backward(): once per line
@@ -269,10 +277,10 @@ class Instrumentation:
         self._in_window.wrap(torch.autograd, "backward", make)
 
     def _patch_copies(self, torch: Any) -> None:
-        recorder, local = self.recorder, self._local
+        recorder, local, compiling, plain = self.recorder, self._local, compiling_check(), plain_tensor_types()
 
         def record(source: Any, result: Any, args: tuple, kwargs: dict, seconds: float) -> None:
-            if not isinstance(result, torch.Tensor) or result is source:
+            if type(result) not in plain or type(source) not in plain or result is source:
                 return
             direction = _direction(source.device.type, result.device.type)
             if direction is None:
@@ -280,18 +288,18 @@ class Instrumentation:
             host = source if direction == "h2d" else result
             recorder.add_copy(
                 direction, bool(host.is_pinned()), _non_blocking(args, kwargs),
-                source.numel() * source.element_size(), seconds, user_location(2),
+                source.numel() * source.element_size(), seconds, user_location(3),
             )
 
         def make_to(original: Any) -> Any:
             def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-                if getattr(local, "busy", False):
+                if compiling() or getattr(local, "busy", False):
                     return original(tensor, *args, **kwargs)
                 local.busy = True
                 try:
                     started = perf_counter()
                     result = original(tensor, *args, **kwargs)
-                    record(tensor, result, args, kwargs, perf_counter() - started)
+                    quietly(record, tensor, result, args, kwargs, perf_counter() - started)
                     return result
                 finally:
                     local.busy = False
@@ -300,12 +308,14 @@ class Instrumentation:
 
         def make_copy_(original: Any) -> Any:
             def copy_(dest: Any, src: Any, *args: Any, **kwargs: Any) -> Any:
+                if compiling():
+                    return original(dest, src, *args, **kwargs)
                 started = perf_counter()
                 result = original(dest, src, *args, **kwargs)
                 if isinstance(src, torch.Tensor) and not getattr(local, "busy", False):
                     local.busy = True
                     try:
-                        record(src, dest, args, kwargs, perf_counter() - started)
+                        quietly(record, src, dest, args, kwargs, perf_counter() - started)
                     finally:
                         local.busy = False
                 return result
@@ -317,17 +327,21 @@ class Instrumentation:
         self._in_window.wrap(torch.Tensor, "copy_", make_copy_)
 
     def _patch_syncs(self, torch: Any) -> None:
-        recorder, local = self.recorder, self._local
+        recorder, local, compiling, plain = self.recorder, self._local, compiling_check(), plain_tensor_types()
+
+        def record(kind: str, seconds: float) -> None:
+            recorder.add_sync(kind, seconds, *_site_and_library(4))  # record, quietly, the wrapper, its caller
 
         def timed(kind: str, original: Any, on_cuda_tensor: bool) -> Any:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if getattr(local, "busy", False) or (on_cuda_tensor and not args[0].is_cuda):
+                if (compiling() or getattr(local, "busy", False)
+                        or (on_cuda_tensor and (type(args[0]) not in plain or not args[0].is_cuda))):
                     return original(*args, **kwargs)
                 local.busy = True
                 try:
                     started = perf_counter()
                     result = original(*args, **kwargs)
-                    recorder.add_sync(kind, perf_counter() - started, *_site_and_library())
+                    quietly(record, kind, perf_counter() - started)
                     return result
                 finally:
                     local.busy = False
@@ -386,10 +400,11 @@ def _non_blocking(args: tuple, kwargs: dict) -> bool:
     return next((a for a in args if isinstance(a, bool)), False)
 
 
-def _site_and_library() -> tuple[Site | None, str | None]:
+def _site_and_library(depth: int = 2) -> tuple[Site | None, str | None]:
     """The user's line that led to the wrapped call, and the module that made the call for it when that is a
-    library's (GradScaler.step() reading .item() for the script's scaler.step line), from one walk of the stack."""
-    caller = sys._getframe(2)  # this function's caller is the wrapper; the wrapper's, the code that called it
+    library's (GradScaler.step() reading .item() for the script's scaler.step line), from one walk of the stack.
+    `depth`: how many frames up the call into the wrapper is (2: this function's caller is the wrapper)."""
+    caller = sys._getframe(depth)
     user = user_frame_from(caller)
     made_by_user = user is caller or caller.f_code.co_filename.startswith("<")
     return location(user), None if made_by_user else caller.f_globals.get("__name__")

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gpudoctor.collect.compile_safe import compiling_check, hide_global_hook_warning
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
 
@@ -18,10 +19,13 @@ def hook_backward_steps(recorder: Recorder, patches: Patches) -> None:
     """backward() calls mark the steps when nothing stronger (an optimizer, a marker) does."""
     import torch.autograd
 
+    compiling = compiling_check()
+
     def make(original: Any) -> Any:
         @functools.wraps(original)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            recorder.on_backward()
+            if not compiling():
+                recorder.on_backward()
             return original(*args, **kwargs)
 
         return backward
@@ -38,11 +42,16 @@ def find_outermost_model(recorder: Recorder, handles: list[Any]) -> None:
 
     local = threading.local()  # per thread: how deep in module calls
     found: list[bool] = []
+    compiling = compiling_check()  # inside a compiled model the hooks do nothing, and are traced as nothing
+    hide_global_hook_warning()
 
     def pre(mod: Any, args: Any) -> None:
-        local.depth = getattr(local, "depth", 0) + 1
+        if not compiling():
+            local.depth = getattr(local, "depth", 0) + 1
 
     def post(mod: Any, args: Any, output: Any) -> None:
+        if compiling():
+            return
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth == 0 and not found:
             found.append(True)

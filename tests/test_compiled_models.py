@@ -1,0 +1,19 @@
+"""gpudoctor's hooks under torch.compile: the script runs as without them, and torch's warning about global module
+hooks, which are gpudoctor's, is not shown."""
+
+from __future__ import annotations
+
+from conftest import Gpudoctor, script
+from gpudoctor.bundle.events import ForwardSiteEvent, StepEvent
+
+
+def test_a_compiled_model_runs_under_the_hooks_in_evaluation_and_training(gd: Gpudoctor) -> None:
+    # The small window (wait 1, warm-up 1, active 2, detail 1) puts detail steps, with every per-call hook on, in the
+    # evaluation; after the restart, the window's detail steps come in the training loop.
+    result = gd.profile(script("compiled_model.py"))
+    assert result.returncode == 0, result
+    assert "compiled_model: done" in result.stdout
+    assert "global hooks" not in result.stderr, result.stderr
+    assert len([e for e in result.events(StepEvent) if e.source == "optimizer"]) == 12
+    assert {e.site.function for e in result.events(ForwardSiteEvent) if e.site} == {"evaluate", "main"}
+    assert result.findings()["run"]["step_source"] == "optimizer"
