@@ -39,7 +39,7 @@ from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
-from gpudoctor.collect.step_hooks import find_outermost_model, hook_backward_steps
+from gpudoctor.collect.step_hooks import KeptHooks, find_outermost_model, hook_backward_steps
 
 perf_counter = time.perf_counter
 
@@ -51,6 +51,7 @@ class Instrumentation:
         self._in_window = Patches()
         self._window_hooks: list[Any] = []
         self._step_hooks: list[Any] = []  # module hooks that find steps (removed at the end)
+        self._kept_hooks = KeptHooks()  # those hooks, kept when the model they found is compiled
         self._local = threading.local()  # per-thread: the optimizer step's start, re-entrancy guard
         self._host_lines = HostLines(recorder.config.gil_probe_interval_s)
         self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay, self._host_lines.sample)
@@ -73,7 +74,7 @@ class Instrumentation:
         self._patch_dataloader()
         self._hook_optimizers()
         hook_backward_steps(self.recorder, self._always)
-        find_outermost_model(self.recorder, self._step_hooks)
+        find_outermost_model(self.recorder, self._step_hooks, self._kept_hooks)
         self.recorder.emit(TorchEvent(version=torch.__version__, cuda_build=torch.version.cuda,
                                       cuda_built=torch.backends.cuda.is_built()))
 
@@ -244,6 +245,8 @@ class Instrumentation:
                 markers.end(handle)
                 recorder.add_phase("forward", perf_counter() - started)
 
+        if self._kept_hooks.kept:  # a compiled model: the hooks that found it time it, and none are added
+            return [self._kept_hooks.time_with(pre, post)]
         try:
             post_handle = module.register_module_forward_hook(post, always_call=True)
         except TypeError:  # torch before 2.0 has no always_call

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,11 +34,37 @@ def hook_backward_steps(recorder: Recorder, patches: Patches) -> None:
     patches.wrap(torch.autograd, "backward", make)
 
 
-def find_outermost_model(recorder: Recorder, handles: list[Any]) -> None:
+class KeptHooks:
+    """The module hooks that found a compiled outermost model, kept after it was found.
+
+    torch.compile guards on how many global module hooks there are: removing these, or adding the detail steps'
+    own, would make it compile the model again (a second compile of the first graph, measured with a counting
+    backend). So they stay, do nothing, and in the detail steps time the model's calls (`time_with`).
+    """
+
+    def __init__(self) -> None:
+        self.kept = False
+        self.timing: tuple[Callable[..., None], Callable[..., None]] | None = None
+
+    def time_with(self, pre: Callable[..., None], post: Callable[..., None]) -> Any:
+        """Call pre(mod, args) and post(mod, args, output) around module calls until the handle is removed."""
+        self.timing = (pre, post)
+        return _Stop(self)
+
+
+class _Stop:
+    def __init__(self, hooks: KeptHooks) -> None:
+        self._hooks = hooks
+
+    def remove(self) -> None:
+        self._hooks.timing = None
+
+
+def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks) -> None:
     """Watch every module call until the first outermost one returns, then only that module: its calls mark
     the steps of a loop with neither optimizer, backward() nor DataLoader (an inference loop). A hook on every
     module call costs microseconds each; one on the outermost module, one call a step. `handles` collects the
-    hooks, for removal at the end."""
+    hooks, for removal at the end. A compiled model keeps the hooks (`kept`): see KeptHooks."""
     from torch.nn.modules import module
 
     local = threading.local()  # per thread: how deep in module calls
@@ -46,18 +73,30 @@ def find_outermost_model(recorder: Recorder, handles: list[Any]) -> None:
     hide_global_hook_warning()
 
     def pre(mod: Any, args: Any) -> None:
-        if not compiling():
-            local.depth = getattr(local, "depth", 0) + 1
+        if compiling():
+            return
+        if kept.kept:
+            if kept.timing is not None:
+                kept.timing[0](mod, args)
+            return
+        local.depth = getattr(local, "depth", 0) + 1
 
     def post(mod: Any, args: Any, output: Any) -> None:
         if compiling():
             return
+        if kept.kept:
+            if kept.timing is not None:
+                kept.timing[1](mod, args, output)
+            return
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth == 0 and not found:
             found.append(True)
-            for handle in handles:
-                handle.remove()
-            handles.clear()
+            if _compiled(mod):
+                kept.kept = True
+            else:
+                for handle in handles:
+                    handle.remove()
+                handles.clear()
             recorder.on_forward()  # the call that just ended was the first of the loop's
             handles.append(_watch_calls(mod, recorder.on_forward))
 
@@ -66,6 +105,14 @@ def find_outermost_model(recorder: Recorder, handles: list[Any]) -> None:
     except TypeError:  # torch before 2.0 has no always_call
         post_handle = module.register_module_forward_hook(post)
     handles.extend([module.register_module_forward_pre_hook(pre), post_handle])
+
+
+def _compiled(mod: Any) -> bool:
+    """A model that torch.compile compiled: torch.compile(model)'s OptimizedModule, or model.compile()."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return (isinstance(optimized, type) and isinstance(mod, optimized)) or (
+        getattr(mod, "_compiled_call_impl", None) is not None)
 
 
 class _ClassPatch:
