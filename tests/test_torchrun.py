@@ -29,6 +29,17 @@ def test_each_rank_writes_its_own_bundle(gd: Gpudoctor) -> None:
         assert len(Run.from_bundle(bundle).all_steps) == 10
 
 
+def test_ranks_analyse_the_same_steps_when_only_rank_0_evaluates_first(gd: Gpudoctor) -> None:
+    # Rank 0's 12 evaluation calls are counted as steps until its optimizer takes over; its window then starts
+    # over, and its training steps are numbered from 0 as rank 1's are, so that the ranks' steps line up.
+    result = _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "10",
+                       "--evaluate-on-rank0", "12")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = [Run.from_bundle(gd.cwd / "run" / f"rank-{rank}") for rank in (0, 1)]
+    assert [[s.index for s in run.steps] for run in runs] == [[2, 3], [2, 3]]
+    assert [len(run.all_steps) for run in runs] == [10, 10]
+
+
 def test_the_default_run_directory_holds_every_rank(gd: Gpudoctor) -> None:
     result = _torchrun(gd, *WINDOW, script("ddp_train.py"), "--steps", "6")
     assert result.returncode == 0, result.stderr[-3000:]

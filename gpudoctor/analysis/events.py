@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator
 from functools import cached_property
 from typing import TypeVar
 
+import msgspec
+
 from gpudoctor.analysis.views import WindowInfo
 from gpudoctor.bundle import trace_name
 from gpudoctor.bundle.events import (
@@ -22,6 +24,7 @@ from gpudoctor.bundle.events import (
     ForwardSiteEvent,
     HostLinesEvent,
     StepEvent,
+    StepSourceEvent,
     WindowEvent,
 )
 
@@ -112,17 +115,32 @@ class StepLog:
         return code
 
 
+def _shifted(event: E, by: int) -> E:
+    """The event with the step numbers it holds `by` lower (never below 0): the steps of a dropped prologue."""
+    if not by:
+        return event
+    if isinstance(event, StepEvent):
+        return msgspec.structs.replace(event, step=max(0, event.step - by))
+    if isinstance(event, StepSourceEvent):
+        return msgspec.structs.replace(event, at_step=max(0, event.at_step - by))
+    if isinstance(event, WindowEvent) and event.first_step is not None:
+        return msgspec.structs.replace(event, first_step=max(0, event.first_step - by))
+    return event
+
+
 class RunEvents:
     """The events of the whole run, read once and split by profiling window for every window's Run."""
 
     def __init__(self, events: Iterable[AnyEvent]) -> None:
         self.steps = StepLog()
         self.others: list[AnyEvent] = []  # every event but the steps, in order
-        self.prologue_steps = 0  # steps counted by a weaker source before the window restarted (left out)
+        # Steps counted by a weaker source before the window restarted, left out; the steps after them are numbered
+        # from 0, as in a rank of the same job that had no such prologue (only rank 0 evaluates in nanoGPT).
+        self.prologue_steps = 0
         restart: tuple[int, int] | None = None  # where the last restart came, in steps and other events
         for event in events:
             if isinstance(event, StepEvent):
-                self.steps.append(event)
+                self.steps.append(_shifted(event, self.prologue_steps))
                 continue
             if isinstance(event, WindowEvent) and event.state == "restarted":
                 restart = (len(self.steps), len(self.others))
@@ -130,7 +148,7 @@ class RunEvents:
             if isinstance(event, WindowEvent) and event.state == "opened" and restart is not None:
                 self._drop_prologue(*restart)
                 restart = None
-            self.others.append(event)
+            self.others.append(_shifted(event, self.prologue_steps))
 
     def _drop_prologue(self, steps_at: int, others_at: int) -> None:
         """A stronger step source took over and the window opened again on its steps: the steps before (an
@@ -138,10 +156,11 @@ class RunEvents:
         A restart that no window followed leaves the run as it was: its earlier window is all there is."""
         kept = StepLog()
         for event in self.steps.between(steps_at, len(self.steps)):
-            kept.append(event)
+            kept.append(_shifted(event, steps_at))
         self.prologue_steps += steps_at
         self.steps = kept
-        self.others = [e for n, e in enumerate(self.others) if n >= others_at or not isinstance(e, WINDOW_BOUND)]
+        self.others = [_shifted(e, steps_at) for n, e in enumerate(self.others)
+                       if n >= others_at or not isinstance(e, WINDOW_BOUND)]
 
     @cached_property
     def windows(self) -> list[WindowInfo]:
