@@ -77,6 +77,16 @@ def test_steps_that_run_an_evaluation_are_left_out_of_the_runs_pace(gd: Gpudocto
     assert said in result.stderr
 
 
+def test_a_rare_stall_is_left_out_of_the_runs_pace(gd: Gpudoctor) -> None:
+    # Training step 40 of 80 (20 ms each) also sleeps a second, outside any wait for data: 50 times the usual step.
+    result = gd.profile(script("eval_then_train.py"), "--eval-calls", "0", "--steps", "80", "--stall-at", "40")
+    assert result.returncode == 0, result
+    run = result.findings()["run"]
+    assert (run["step_s_stalls"], run["step_s_evaluations"]) == (1, 0)
+    assert SLEEP_S <= run["step_s"] < 1.5 * SLEEP_S
+    assert "; 1 stalled left out)" in result.stderr
+
+
 def test_a_training_loop_that_starts_at_once_opens_its_window_as_before(gd: Gpudoctor) -> None:
     result = gd.profile(script("eval_then_train.py"), "--eval-calls", "0", "--steps", "8")
     assert result.returncode == 0, result

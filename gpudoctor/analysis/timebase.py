@@ -99,6 +99,7 @@ class StepTime:
     basis: str | None = None
     steps: int = 0  # how many steps the mean is over
     evaluations: int = 0  # steps left out of the mean because they ran an evaluation (EVALUATION_CALLS)
+    stalls: int = 0  # steps left out of the mean because they stalled outside their data wait (STALL_FACTOR)
 
 
 def step_time(run: Run) -> StepTime:
@@ -106,13 +107,14 @@ def step_time(run: Run) -> StepTime:
     steps, basis = (unprofiled, "unprofiled") if len(unprofiled) >= MIN_UNPROFILED_STEPS else (run.steps, "analysed")
     if not steps:
         return StepTime(None)
-    kept = _without_evaluations(steps)
+    trained = _without_evaluations(steps)
+    kept = _without_stalls(trained)
     mean = statistics.fmean(s.wall_s for s in kept)
-    evaluations = len(steps) - len(kept)
+    evaluations, stalls = len(steps) - len(trained), len(trained) - len(kept)
     gpu_work = run.gpu_work_per_step_s
     if gpu_work is not None and gpu_work > mean:
-        return StepTime(gpu_work, "gpu_work", len(kept), evaluations)
-    return StepTime(mean, basis, len(kept), evaluations)
+        return StepTime(gpu_work, "gpu_work", len(kept), evaluations, stalls)
+    return StepTime(mean, basis, len(kept), evaluations, stalls)
 
 
 # A step that calls the model more than this many times its steps' usual number ran an evaluation (nanoGPT's
@@ -129,6 +131,25 @@ def _without_evaluations(steps: list[Step]) -> list[Step]:
         return steps
     kept = [s for s in steps if s.forwards <= EVALUATION_CALLS * usual]
     return kept or steps
+
+
+# A rare step that took this many times the usual step outside its wait for data stalled on something no fix of the
+# step changes: a checkpoint, a pause, or, in a data-parallel job, another rank's evaluation (nanoGPT's rank 0
+# evaluates alone every 250 iterations; the other ranks wait for it in their all-reduce, about 2.4 s on an H100
+# against 15 ms steps). Rare: at most STALL_SHARE of the steps. A loader's bursts, one long step every
+# `num_workers`, are waits for data, and stay.
+STALL_FACTOR = 20
+STALL_SHARE = 0.02
+
+
+def _without_stalls(steps: list[Step]) -> list[Step]:
+    """The steps but the rare ones that stalled outside their data wait (STALL_FACTOR)."""
+    work = [s.wall_s - s.data_wait_s for s in steps]
+    usual = statistics.median(work)
+    if usual <= 0:
+        return steps
+    kept = [s for s, w in zip(steps, work) if w <= STALL_FACTOR * usual]
+    return kept if len(steps) - len(kept) <= STALL_SHARE * len(steps) else steps
 
 
 def _unprofiled_steps(run: Run) -> list[Step]:

@@ -26,6 +26,7 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
     run: RunFacts = {**base["run"], "median_step_s": job.step_s, "step_s": job.pace_s,
                      "step_s_basis": paced["step_s_basis"], "step_s_steps": paced["step_s_steps"],
                      "step_s_evaluations": paced.get("step_s_evaluations", 0),
+                     "step_s_stalls": paced.get("step_s_stalls", 0),
                      "world_size": job.world_size,
                      "ranks": [r.figures.to_json() for r in job.ranks]}
     report: Report = {

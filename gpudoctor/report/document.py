@@ -69,6 +69,7 @@ class _RunFields(TypedDict):
     step_s_basis: str | None  # unprofiled, analysed or gpu_work
     step_s_steps: int
     step_s_evaluations: int  # steps left out of step_s: they ran an evaluation (absent in older documents)
+    step_s_stalls: int  # steps left out of step_s: they stalled outside their data wait (absent in older documents)
     step_source: str | None  # marker, optimizer, backward, dataloader, forward, profiler_step
     window_distortion: float | None  # median profiled step over the median step outside the windows
     window_distortion_reason: str | None

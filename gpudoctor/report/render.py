@@ -142,9 +142,15 @@ def step_time_text(run: RunFacts) -> str | None:
     words = STEP_BASIS_WORDS.get(basis or "")
     if not words:
         return seconds(step)
-    evaluations = run.get("step_s_evaluations") or 0
-    left_out = f"; {evaluations} with an evaluation left out" if evaluations and basis != "gpu_work" else ""
+    left_out = _left_out_text(run.get("step_s_evaluations") or 0, run.get("step_s_stalls") or 0)
+    left_out = left_out if basis != "gpu_work" else ""
     return seconds(step) + f" ({words.format(n=run['step_s_steps'])}{left_out})"
+
+
+def _left_out_text(evaluations: int, stalls: int) -> str:
+    """'; 1 with an evaluation and 2 stalled left out': the steps the mean leaves out (analysis.timebase)."""
+    parts = [f"{evaluations} with an evaluation"] * bool(evaluations) + [f"{stalls} stalled"] * bool(stalls)
+    return f"; {' and '.join(parts)} left out" if parts else ""
 
 
 def median_step_text(run: RunFacts) -> str | None:

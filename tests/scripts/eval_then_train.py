@@ -2,7 +2,8 @@
 
 Options: --eval-calls N (no-grad forward calls of the model before training, quick), --steps M (optimizer steps,
 each sleeping --sleep-ms, so that a training step is told from an evaluation call by its time), --eval-every K
-(after every K-th training step, an evaluation of 40 calls that sleep 5 ms each, as nanoGPT's estimate_loss).
+(after every K-th training step, an evaluation of 40 calls that sleep 5 ms each, as nanoGPT's estimate_loss),
+--stall-at K (training step K also sleeps a second, as a checkpoint's write would take).
 """
 
 import argparse
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--sleep-ms", type=float, default=20.0)
     parser.add_argument("--eval-every", type=int, default=0)
+    parser.add_argument("--stall-at", type=int, default=0)
     args = parser.parse_args()
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -38,6 +40,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         time.sleep(args.sleep_ms / 1000)
+        if step == args.stall_at:
+            time.sleep(1.0)
         if args.eval_every and step % args.eval_every == 0:
             evaluate(model, inputs, 40, 0.005)
     print(f"eval_then_train: {args.eval_calls} evaluation calls, {args.steps} steps")
