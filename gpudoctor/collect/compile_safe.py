@@ -35,7 +35,8 @@ def plain_tensor_types() -> tuple[type, ...]:
 
 def hide_global_hook_warning() -> None:
     """torch warns, on every call of a compiled model, that global module hooks fire an extra time for it: those are
-    gpudoctor's (they count the model's calls and, in the detail steps, time them), not the script's."""
+    gpudoctor's (they count the model's calls and, in the detail steps, time them), not the script's. Set once, as
+    torch is imported and the first of them are installed: the filter stays for the rest of the run."""
     warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
 
 

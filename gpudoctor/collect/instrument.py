@@ -34,7 +34,7 @@ from gpudoctor.bundle.events import (
 )
 from gpudoctor.bundle.records import Site
 from gpudoctor.collect.callsite import location, user_frame_from, user_location
-from gpudoctor.collect.compile_safe import compiling_check, hide_global_hook_warning, plain_tensor_types, quietly
+from gpudoctor.collect.compile_safe import compiling_check, plain_tensor_types, quietly
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.patches import Patches
@@ -215,7 +215,6 @@ class Instrumentation:
         from torch.nn.modules import module
 
         recorder, markers, compiling = self.recorder, self.recorder.markers, compiling_check()
-        hide_global_hook_warning()
         # Fresh for each window: a forward that a thread was in when the hooks last went off never closed.
         local = threading.local()
         sites_seen: set[tuple[str, int]] = set()
