@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.bundle import EVENTS
-from gpudoctor.collect.samplers import COMPACT_EVERY_S, PCIE_EVERY, SampleFile, WindowSpans
+from gpudoctor.launch.samplers import COMPACT_EVERY_S, PCIE_EVERY, SampleFile, WindowSpans
 
 HZ = 10
 T0 = 1_700_000_000.0

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from gpudoctor.bundle import SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
-from gpudoctor.collect.samplers import HostSampler
+from gpudoctor.launch.samplers import HostSampler
 
 RATE_HZ = 10
 TARGET_CORE_SHARE = 0.02

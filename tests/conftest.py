@@ -88,9 +88,10 @@ class Result:
         """findings.json, checked: strict JSON (no NaN or Infinity) that the shipped schema accepts."""
         return checked_findings(self.run_dir / "findings.json")
 
-    def events(self, kind: type[E]) -> list[E]:
-        """The run's events of one kind, as the bundle's records (e.g. `result.events(StepEvent)`)."""
-        written = read_jsonl(self.run_dir / "events.jsonl", EVENT_DECODER)
+    def events(self, kind: type[E], bundle: str = "") -> list[E]:
+        """The run's events of one kind, as the bundle's records (e.g. `result.events(StepEvent)`); of one bundle
+        of a job's run directory with `bundle` (`rank-1`, `launcher`)."""
+        written = read_jsonl(self.run_dir / bundle / "events.jsonl", EVENT_DECODER)
         return [e for e in written if isinstance(e, kind)]
 
     def __str__(self) -> str:

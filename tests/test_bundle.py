@@ -214,6 +214,6 @@ def test_the_sigterm_watchdog_ends_the_process_with_sigterm() -> None:
     import subprocess
     import sys
 
-    code = "import time; from gpudoctor._bootstrap import _terminate_after; _terminate_after(0.2); time.sleep(30)"
+    code = "import time; from gpudoctor.collect.session import terminate_after; terminate_after(0.2); time.sleep(30)"
     result = subprocess.run([sys.executable, "-c", code], timeout=25)
     assert result.returncode == -signal.SIGTERM

@@ -260,10 +260,10 @@ def test_analyze_path_that_does_not_exist(gd: Gpudoctor) -> None:
 def test_only_a_process_that_may_hold_process_groups_waits_for_their_threads_at_exit(monkeypatch) -> None:
     import torch.distributed  # noqa: F401 - `import torch` imports it in every script
 
-    from gpudoctor import _bootstrap
+    from gpudoctor.collect import session
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert not _bootstrap._may_hold_process_groups()
+    assert not session.may_hold_process_groups()
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert _bootstrap._may_hold_process_groups()
+    assert session.may_hold_process_groups()

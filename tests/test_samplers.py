@@ -13,11 +13,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpudoctor.collect import procfs, readers
-from gpudoctor.collect.procfiles import PROCFS, ProcFiles
-from gpudoctor.collect.procfs import ProcfsHost, ProcfsTree
-from gpudoctor.collect.psutil_readers import PsutilHost, PsutilTree
-from gpudoctor.collect.samplers import HostSampler
+from gpudoctor.launch import procfs, readers
+from gpudoctor.launch.procfiles import PROCFS, ProcFiles
+from gpudoctor.launch.procfs import ProcfsHost, ProcfsTree
+from gpudoctor.launch.psutil_readers import PsutilHost, PsutilTree
+from gpudoctor.launch.samplers import HostSampler
 
 pytestmark = pytest.mark.skipif(not PROCFS, reason="reads /proc (Linux)")
 
@@ -287,7 +287,7 @@ def test_psutil_reads_the_tree_where_proc_cannot(tree: Tree) -> None:
 
 
 def test_window_spans_follow_the_events_file_as_it_grows(tmp_path) -> None:
-    from gpudoctor.collect.samplers import WINDOW_MARGIN_S, WindowSpans
+    from gpudoctor.launch.samplers import WINDOW_MARGIN_S, WindowSpans
 
     events = tmp_path / "events.jsonl"
     spans = WindowSpans(events)
@@ -304,7 +304,7 @@ def test_window_spans_follow_the_events_file_as_it_grows(tmp_path) -> None:
 
 def test_a_sample_file_compacts_old_rows_and_keeps_appending(tmp_path) -> None:
     from gpudoctor.bundle import read_jsonl
-    from gpudoctor.collect.samplers import SampleFile
+    from gpudoctor.launch.samplers import SampleFile
 
     file = SampleFile(tmp_path, "host")
     start = time.time() - 3600
@@ -322,7 +322,7 @@ def test_a_sample_file_compacts_old_rows_and_keeps_appending(tmp_path) -> None:
 
 
 def test_only_the_latest_windows_stay_raw(tmp_path) -> None:
-    from gpudoctor.collect.samplers import KEEP_RAW_S, WINDOW_MARGIN_S, WindowSpans
+    from gpudoctor.launch.samplers import KEEP_RAW_S, WINDOW_MARGIN_S, WindowSpans
 
     events = tmp_path / "events.jsonl"
     with open(events, "w") as f:
@@ -336,7 +336,7 @@ def test_only_the_latest_windows_stay_raw(tmp_path) -> None:
 
 
 def test_the_run_delay_is_read_from_a_schedstat_line() -> None:
-    from gpudoctor.collect.procfiles import run_delay_seconds
+    from gpudoctor.launch.procfiles import run_delay_seconds
 
     assert run_delay_seconds(b"44806423 2500000000 134\n") == 2.5  # nanoseconds waiting for a CPU
     assert run_delay_seconds(b"") is None and run_delay_seconds(b"12 x 3") is None

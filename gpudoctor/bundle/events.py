@@ -166,6 +166,18 @@ class ProcessStartEvent(Record, Event, tag="process_start", frozen=True):
     t: float | None = None
 
 
+class RankEvent(Record, Event, tag="rank", frozen=True):
+    """This process is a rank of a job: as gpudoctor followed it into the process (`source`: "environment" for
+    RANK or LOCAL_RANK, "torch.multiprocessing" for mp.spawn's process index), or as torch.distributed numbers it
+    once the process joined its group ("init_process_group", which wins)."""
+
+    rank: int
+    source: str
+    world_size: int | None = None
+    backend: str | None = None
+    t: float | None = None
+
+
 class LoaderEvent(Record, Event, tag="loader", frozen=True):
     """A DataLoader the script iterated, with its settings and where it was built."""
 
@@ -303,7 +315,7 @@ class EndEvent(Record, Event, tag="end", frozen=True):
 
 AnyEvent: TypeAlias = (
     ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | ProcessStartEvent
-    | LoaderEvent
+    | RankEvent | LoaderEvent
     | ForwardSiteEvent | BackwardSiteEvent | HostLinesEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent
     | EndEvent
     | StepLessGilEvent

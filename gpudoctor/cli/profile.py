@@ -11,10 +11,11 @@ from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.launcher import ProfileOutcome, ProfileRequest
-from gpudoctor.launcher import profile as run_profile
+from gpudoctor.launch import followed
+from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
+from gpudoctor.launch.profile import profile as run_profile
+from gpudoctor.launch.torchrun import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
 from gpudoctor.paths import find_pyproject
-from gpudoctor.torchrun_launch import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
 from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
 if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
@@ -155,7 +156,11 @@ def profile(
         if not isinstance(prepared, GpudoctorError):
             raise prepared
         raise typer.Exit(outcome.exit_status)
-    report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
+    _say_each(_stopped_ranks(outcome))
+    if outcome.ranks:
+        report = _merge_into(outcome.run_dir, prepared, formats)
+    else:
+        report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
     _say_each(ending if in_verdict and report is None else None)
     status = outcome.exit_status
     if status == 0 and report is not None and _fails(report, fail_on):
@@ -257,6 +262,15 @@ def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]
         _say(f"the rank bundles were written to {run_dir}, but the merged report could not be made: {exc}")
         return None
     return report
+
+
+def _stopped_ranks(outcome: ProfileOutcome) -> str | None:
+    count = len(outcome.stopped_ranks)
+    if not count:
+        return None
+    which = "a rank" if count == 1 else f"{count} ranks"
+    return (f"{which} of the job still ran {followed.RANKS_GRACE_S:g} s after the script's own process ended, "
+            "so gpudoctor stopped them.")
 
 
 def _misplaced_options(ctx: typer.Context, request: ProfileRequest, outcome: ProfileOutcome) -> str | None:

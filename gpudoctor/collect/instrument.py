@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from types import FrameType
 from typing import Any
 
@@ -29,6 +30,7 @@ from gpudoctor.bundle.events import (
     ForwardSiteEvent,
     LoaderEvent,
     ProcessStartEvent,
+    RankEvent,
     ThreadStartEvent,
     TorchEvent,
 )
@@ -51,11 +53,15 @@ class Instrumentation:
         self._in_window = Patches()
         self._window_hooks: list[Any] = []
         self._step_hooks: list[Any] = []  # module hooks that find steps (removed at the end)
+        self._optimizer_hooks: list[Any] = []  # the global optimizer hooks (removed at the end)
         self._kept_hooks = KeptHooks()  # those hooks, kept when the model they found is compiled
         self._local = threading.local()  # per-thread: the optimizer step's start, re-entrancy guard
         self._host_lines = HostLines(recorder.config.gil_probe_interval_s)
         self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay, self._host_lines.sample)
-        self._loaders_seen: set[int] = set()
+        # What gpudoctor learns of the script's loaders, held beside them and never on them: where each was made,
+        # and the number its loader event gives it once it is first iterated.
+        self._loader_sites: weakref.WeakKeyDictionary[Any, Site | None] = weakref.WeakKeyDictionary()
+        self._loader_numbers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         recorder.on_window_change(self._on_window_change)
 
     # -- installation ----------------------------------------------------------------------------
@@ -73,6 +79,7 @@ class Instrumentation:
 
         self._patch_dataloader()
         self._hook_optimizers()
+        self._patch_process_group()
         hook_backward_steps(self.recorder, self._always)
         find_outermost_model(self.recorder, self._step_hooks, self._kept_hooks)
         self.recorder.emit(TorchEvent(version=torch.__version__, cuda_build=torch.version.cuda,
@@ -80,8 +87,22 @@ class Instrumentation:
 
     def uninstall(self) -> None:
         self._on_window_change(False)
-        for handle in self._step_hooks:
+        self._remove_hooks()
+
+    def abandon(self) -> None:
+        """Take everything off without writing (a forked child that records on its own from here): its threads
+        did not survive the fork, and the window's hooks go with the rest."""
+        for handle in self._window_hooks:
             handle.remove()
+        self._window_hooks.clear()
+        self._in_window.restore()
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        for handle in [*self._step_hooks, *self._optimizer_hooks]:
+            handle.remove()
+        self._step_hooks.clear()
+        self._optimizer_hooks.clear()
         self._always.restore()
 
     # -- always on -------------------------------------------------------------------------------
@@ -135,20 +156,30 @@ class Instrumentation:
     def _patch_dataloader(self) -> None:
         from torch.utils.data import dataloader
 
-        recorder, markers, loaders_seen = self.recorder, self.recorder.markers, self._loaders_seen
+        recorder, markers = self.recorder, self.recorder.markers
+        sites, numbers = self._loader_sites, self._loader_numbers
+
+        def first_iteration(loader: Any) -> None:
+            # A loader that cannot be weakly referenced or hashed (a subclass with __eq__ only) is not kept:
+            # its event is then written at each of its iterations.
+            try:
+                if loader in numbers:
+                    return
+                numbers[loader] = number = len(numbers)
+            except TypeError:
+                number = len(numbers)
+            recorder.emit(_loader_event(loader, number, _site_of(sites, loader)))
 
         def make_init(original: Any) -> Any:
             def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
                 original(loader, *args, **kwargs)
-                loader._gpudoctor_site = user_location()
+                quietly(sites.__setitem__, loader, user_location())
 
             return __init__
 
         def make_iter(original: Any) -> Any:
             def __iter__(loader: Any) -> Any:
-                if id(loader) not in loaders_seen:
-                    loaders_seen.add(id(loader))
-                    recorder.emit(_loader_event(loader))
+                quietly(first_iteration, loader)
                 return original(loader)
 
             return __iter__
@@ -184,8 +215,34 @@ class Instrumentation:
             markers.end(handle)
             recorder.on_optimizer_step(opt, perf_counter() - started)
 
-        optimizer.register_optimizer_step_pre_hook(pre)
-        optimizer.register_optimizer_step_post_hook(post)
+        self._optimizer_hooks += [optimizer.register_optimizer_step_pre_hook(pre),
+                                  optimizer.register_optimizer_step_post_hook(post)]
+
+    def _patch_process_group(self) -> None:
+        """When the process joins a torch.distributed group, its rank and the world's size, as torch numbers them."""
+        import torch.distributed
+
+        if not torch.distributed.is_available():
+            return
+        from torch.distributed import distributed_c10d
+
+        recorder = self.recorder
+
+        def joined() -> None:
+            recorder.emit(RankEvent(rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size(),
+                                    backend=str(torch.distributed.get_backend()), source="init_process_group"))
+
+        def make(original: Any) -> Any:
+            def init_process_group(*args: Any, **kwargs: Any) -> Any:
+                result = original(*args, **kwargs)
+                quietly(joined)
+                return result
+
+            return init_process_group
+
+        # torch.distributed re-exports the function: a script may call it by either name.
+        for owner in (distributed_c10d, torch.distributed):
+            self._always.wrap(owner, "init_process_group", make)
 
     # -- only in the window's detail steps -------------------------------------------------------
     def _on_window_change(self, hooked: bool) -> None:
@@ -435,10 +492,17 @@ def _start_method(process: Any) -> str | None:
     return getattr(process, "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
 
 
-def _loader_event(loader: Any) -> LoaderEvent:
+def _site_of(sites: weakref.WeakKeyDictionary[Any, Site | None], loader: Any) -> Site | None:
+    try:
+        return sites.get(loader)
+    except TypeError:  # a loader that cannot be kept had its site left out
+        return None
+
+
+def _loader_event(loader: Any, number: int, site: Site | None) -> LoaderEvent:
     context = loader.multiprocessing_context
     return LoaderEvent(
-        loader_id=id(loader), site=getattr(loader, "_gpudoctor_site", None), num_workers=loader.num_workers,
+        loader_id=number, site=site, num_workers=loader.num_workers,
         pin_memory=loader.pin_memory, batch_size=loader.batch_size, prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers, drop_last=loader.drop_last,
         dataset=type(loader.dataset).__qualname__, dataset_len=_safe_len(loader.dataset),

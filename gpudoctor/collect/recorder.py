@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,11 +134,12 @@ class Recorder:
         self.window = ProfilerWindow(config.window, run_dir, self.emit, config.with_stack)
         self.source: str | None = None
         self.completed = 0
-        self._optimizer_id: int | None = None
+        self._first_optimizer: Callable[[], object] | None = None  # a weak reference where it takes one
         # Reentrant for the same reason as JsonlWriter's: the SIGTERM handler records on the main thread.
         self._lock = threading.RLock()
         self._disabled = False
         self._window_listeners: list[Callable[[bool], None]] = []
+        self._max_steps_listeners: list[Callable[[], None]] = []
         self.current = self._new_step()
         self._stopping = False
         self._stepless = StepLessProbe(lambda: self.completed, self.emit, config.gil_probe_interval_s)
@@ -158,6 +160,11 @@ class Recorder:
               "the script goes on.", file=sys.stderr, flush=True)
         self.close_window()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether --max-steps has stopped the script."""
+        return self._stopping
+
     def disable_in_forked_child(self) -> None:
         """A forked child inherits the recorder; it must not write into the parent's bundle."""
         self._disabled = True
@@ -165,6 +172,10 @@ class Recorder:
     def on_window_change(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(hooked)` whenever the window's detail steps, those with per-call hooks, start or end."""
         self._window_listeners.append(listener)
+
+    def on_max_steps(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` when --max-steps stops the script, just before it is stopped."""
+        self._max_steps_listeners.append(listener)
 
     # -- step sources ----------------------------------------------------------------------------
     def _claims(self, source: str) -> bool:
@@ -200,12 +211,12 @@ class Recorder:
             self.current.batches += 1
 
     def on_optimizer_step(self, optimizer: object, seconds: float) -> None:
-        if self._optimizer_id is None:
-            self._optimizer_id = id(optimizer)
+        if self._first_optimizer is None or self._first_optimizer() is None:  # none yet, or the first one freed
+            self._first_optimizer = _reference(optimizer)
         with self._lock:
             self.current.phases["optimizer"] += seconds
         # With several optimizers (a GAN, say), the first one's step marks the boundary.
-        if id(optimizer) == self._optimizer_id and self._claims("optimizer"):
+        if optimizer is self._first_optimizer() and self._claims("optimizer"):
             self.end_step()
 
     def on_explicit_step(self) -> None:
@@ -286,6 +297,9 @@ class Recorder:
             self._stopping = True
             self.emit(MaxStepsEvent(steps=self.completed))
             self.close_window()
+            for listener in self._max_steps_listeners:
+                with contextlib.suppress(Exception):  # the script is stopped whatever a listener does
+                    listener()
             raise MaxStepsReached()
 
     def close_window(self) -> None:
@@ -317,6 +331,14 @@ class Recorder:
         self.emit(EndEvent(reason=reason, steps=self.completed, pid=os.getpid(), code=code, exception=what,
                            message=message, where=where))
         self.events.close()
+
+
+def _reference(obj: object) -> Callable[[], object]:
+    """A weak reference to `obj`, or a strong one for an object that takes no weak reference."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
 
 
 def _counted(step: StepRecord, source: str | None) -> bool:

@@ -10,7 +10,7 @@ from gpudoctor.collect.config import ChildConfig
 
 # Runs under `python -c`: sys.path[0] is "" there; the bootstrap sets it as python would for the script.
 _STUB = (
-    "import sys; sys.path.insert(1, {root!r}); import gpudoctor._bootstrap as b; "
+    "import sys; sys.path.insert(1, {root!r}); import gpudoctor.collect.bootstrap as b; "
     "sys.path.remove({root!r}); b.main(sys.argv[1:])"
 )
 

@@ -3,7 +3,7 @@
 They run here, never in the script's process, so that sampling cannot add GIL contention to what we
 measure. Each sample is one JSON line, written as soon as it is taken. Counters are written as running
 totals (CPU seconds, context switches, swap bytes); analysis turns them into rates. How the host and the
-tree are read is in collect.readers.
+tree are read is in launch.readers.
 
 For a run of hours the files stay bounded: every few minutes each one is compacted (bundle.compaction),
 older samples merged into coarser rows that keep their extremes, except around the profiling windows,
@@ -26,10 +26,10 @@ from gpudoctor.bundle.events import WindowEvent
 from gpudoctor.bundle.jsonio import JsonlTail
 from gpudoctor.bundle.manifest import CollectorStatus, GpuInfo
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
-from gpudoctor.collect.nvml import Nvml, NvmlUnavailable
-from gpudoctor.collect.procfiles import PROCFS, ProcFiles, held_files_budget
-from gpudoctor.collect.readers import TreeReader, host_reader, tree_reader
-from gpudoctor.ranks import torchrun_rank
+from gpudoctor.launch.nvml import Nvml, NvmlUnavailable
+from gpudoctor.launch.procfiles import PROCFS, ProcFiles, held_files_budget
+from gpudoctor.launch.ranks import torchrun_rank
+from gpudoctor.launch.readers import TreeReader, host_reader, tree_reader
 
 PCIE_EVERY = 10  # PCIe throughput is read on every tenth GPU sample: each read blocks for ~20 ms
 # Compacting reads a file twice: every 5 minutes, the three files cost about 0.2% of a core over a day

@@ -1,13 +1,13 @@
 """Readers of the host and of the script's process tree through psutil, where /proc cannot be read directly
-(other systems, or a /proc without some of its files). Their rows have the fields of collect.procfs's."""
+(other systems, or a /proc without some of its files). Their rows have the fields of launch.procfs's."""
 
 from __future__ import annotations
 
 import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
-from gpudoctor.collect.procfiles import run_delay_seconds
-from gpudoctor.collect.procfs import GpuFileLook
+from gpudoctor.launch.procfiles import run_delay_seconds
+from gpudoctor.launch.procfs import GpuFileLook
 
 
 class PsutilHost:

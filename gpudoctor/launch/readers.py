@@ -1,9 +1,9 @@
 """Readers of the host and of the script's process tree, for the host sampler.
 
-On Linux the host and the tree are read from /proc directly (collect.procfs): each file is opened once and read
-again with one `pread` per sample (collect.procfiles). Instead of scanning every process on the host at each
+On Linux the host and the tree are read from /proc directly (launch.procfs): each file is opened once and read
+again with one `pread` per sample (launch.procfiles). Instead of scanning every process on the host at each
 sample, the tree is walked through /proc/PID/task/TID/children once a second, and in between only the pids
-handed out since the last sample are looked at. Elsewhere psutil does the same work (collect.psutil_readers).
+handed out since the last sample are looked at. Elsewhere psutil does the same work (launch.psutil_readers).
 The rows have the same fields either way.
 """
 
@@ -14,9 +14,9 @@ from typing import Protocol
 import psutil
 
 from gpudoctor.bundle.samples import HostRow, ProcEntry
-from gpudoctor.collect.procfiles import ProcFiles
-from gpudoctor.collect.procfs import ProcfsHost, ProcfsTree
-from gpudoctor.collect.psutil_readers import PsutilHost, PsutilTree
+from gpudoctor.launch.procfiles import ProcFiles
+from gpudoctor.launch.procfs import ProcfsHost, ProcfsTree
+from gpudoctor.launch.psutil_readers import PsutilHost, PsutilTree
 
 
 class HostReader(Protocol):

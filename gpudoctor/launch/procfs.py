@@ -1,9 +1,9 @@
 """Readers of the host and of the script's process tree from /proc (Linux).
 
-Each file is opened once and read again with one `pread` per sample (collect.procfiles). Instead of scanning
+Each file is opened once and read again with one `pread` per sample (launch.procfiles). Instead of scanning
 every process on the host at each sample, the tree is walked through /proc/PID/task/TID/children once a
 second, and in between only the pids handed out since the last sample are looked at. The rows have the fields
-that psutil's readers (collect.psutil_readers) give.
+that psutil's readers (launch.psutil_readers) give.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import defaultdict
 import psutil
 
 from gpudoctor.bundle.samples import LOADER_WORKER_NAME, HostRow, ProcEntry
-from gpudoctor.collect.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file, run_delay_seconds
+from gpudoctor.launch.procfiles import PROCFS, HeldFile, PathFile, ProcFiles, read_file, run_delay_seconds
 
 REDISCOVER_S = 1.0  # the whole tree is walked again at least this often
 GPU_FILES_EVERY_S = 1.0  # how often a process's open files are looked at, until one is a GPU's

@@ -17,14 +17,8 @@ from typing import Any, NoReturn
 
 from gpudoctor.bundle import Manifest, read_manifest
 from gpudoctor.errors import BundleError, GpudoctorError
-from gpudoctor.launcher import (
-    _Supervisor,
-    _terminal_sent_to_group,
-    check_script,
-    exit_status_of,
-    prepare_run_dir,
-    stamped_dir,
-)
+from gpudoctor.launch.run_dir import check_script, prepare_run_dir, stamped_dir
+from gpudoctor.launch.supervisor import Supervisor, exit_status_of, terminal_sent_to_group
 
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_FORMATS = "json,html"  # the ranks print no summary of their own: the merged one is printed once, at the end
@@ -123,12 +117,12 @@ def make_job_dir(out: Path | None, name: str) -> Path:
     return prepare_run_dir(run_dir, rank_dirs(run_dir, with_manifest=False).values())
 
 
-class _AgentSupervisor(_Supervisor):
+class _AgentSupervisor(Supervisor):
     """Passes Ctrl-C and SIGTERM on to torchrun's agent, as the launcher does to a script, but never kills the agent:
     the ranks run in sessions of their own, and only the agent stops them."""
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if not _terminal_sent_to_group():  # the terminal's Ctrl-C reached torchrun already
+        if not terminal_sent_to_group():  # the terminal's Ctrl-C reached torchrun already
             self.child.send_signal(signal.SIGINT)
 
 

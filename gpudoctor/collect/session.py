@@ -1,0 +1,178 @@
+"""Recording in one process of the job: its recorder and instrumentation, installed once, finished once.
+
+The script's own process (`gpudoctor.collect.bootstrap`) and every rank gpudoctor follows into (`collect.follow`) record
+through a Session: it writes the process's facts, installs the instrumentation, writes the window's trace and the
+end event however the process ends (its script returning or raising, SIGTERM, --max-steps), and never raises into
+the script.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+from gpudoctor.bundle.events import ProcessEvent, RankEvent
+from gpudoctor.bundle.records import Site
+from gpudoctor.collect.config import ChildConfig
+from gpudoctor.collect.instrument import Instrumentation
+from gpudoctor.collect.recorder import ExceptionDetails, Recorder, set_active
+
+# How long SIGTERM waits for the window's trace to be written before the process dies anyway; an export with
+# stacks took 17.6 s in docs/performance.md, so this leaves room for one several times larger.
+SIGTERM_FINISH_GRACE_S = 60.0
+# After --max-steps, how long the script's helper processes get to end by themselves before they are terminated.
+HELPER_GRACE_S = 2.0
+# How long a torch.distributed program's native threads get to finish with Python objects before shutdown.
+NATIVE_SETTLE_S = 0.1
+
+_current: Session | None = None
+
+
+class Session:
+    def __init__(self, config: ChildConfig, rank: RankEvent | None = None) -> None:
+        global _current  # noqa: PLW0603 - the one session of this process, which a forked child leaves behind
+        self.recorder = Recorder(config)
+        set_active(self.recorder)
+        self.instrumentation = Instrumentation(self.recorder)
+        self.instrumentation.install()
+        self.recorder.emit(process_facts())
+        if rank is not None:
+            self.recorder.emit(rank)
+        self._finished = False
+        _current = self
+
+    def finish(self, reason: str, code: int | None = None, exception: ExceptionDetails | None = None) -> None:
+        """Take the instrumentation off, close the window (writing its trace) and say how the process ended."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self.instrumentation.uninstall()
+            self.recorder.finish(reason, code, exception)
+        except Exception as exc:  # noqa: BLE001 - gpudoctor must never change how the script ends
+            print(f"gpudoctor: could not finish recording: {exc}", file=sys.stderr)
+
+    @property
+    def stopped_by_max_steps(self) -> bool:
+        return self.recorder.stopping
+
+    def finish_on_sigterm(self) -> None:
+        """On SIGTERM, write what was recorded (the window's trace too), then die of SIGTERM as python would.
+
+        Nothing is raised into the script: its `finally` blocks do not run, exactly as without gpudoctor.
+        A handler the script installs itself replaces this one. Only the main thread can set it.
+        """
+
+        def on_sigterm(signum: int, frame: object) -> None:
+            # From here a second SIGTERM ends the process at once, and so does the watchdog if finishing hangs.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            terminate_after(SIGTERM_FINISH_GRACE_S)
+            self.finish("terminated")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, on_sigterm)
+
+    def abandon(self) -> None:
+        """In a forked child that becomes a rank of its own: take the parent's instrumentation off, writing
+        nothing (the recorder is already off in a forked child)."""
+        self._finished = True
+        self.recorder.disable_in_forked_child()
+        self.instrumentation.abandon()
+
+
+def current() -> Session | None:
+    """This process's session: the one it started, or the one a forked child inherited from its parent."""
+    return _current
+
+
+def terminate_after(seconds: float) -> None:
+    def watchdog() -> None:
+        time.sleep(seconds)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watchdog, name="gpudoctor-sigterm-watchdog", daemon=True).start()
+
+
+def process_facts() -> ProcessEvent:
+    import multiprocessing
+    import platform
+
+    gil = getattr(sys, "_is_gil_enabled", None)
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return ProcessEvent(
+        pid=os.getpid(), python=platform.python_version(), implementation=platform.python_implementation(),
+        executable=sys.executable, gil_enabled=gil() if gil else True, cpu_count=os.cpu_count(), affinity=affinity,
+        start_method=multiprocessing.get_start_method(allow_none=True), switch_interval_s=sys.getswitchinterval(),
+        main_native_id=threading.get_native_id(), rank=env_int("RANK"), world_size=env_int("WORLD_SIZE"),
+        local_world_size=env_int("LOCAL_WORLD_SIZE"),
+    )
+
+
+def env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def exception_details(exc: BaseException) -> ExceptionDetails:
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = frames[-1] if frames else None
+    where = Site(file=last.filename, line=last.lineno or 0, function=last.name) if last else None
+    return type(exc).__qualname__, str(exc)[:4000], where
+
+
+def let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:
+    """Before the interpreter shuts down, give torch.distributed's own threads the GIL for a moment.
+
+    A gloo worker thread that frees a finished collective releases a Python object (the context that backward()
+    stores for it); if that happens after shutdown has begun, the thread cannot take the GIL and the process
+    aborts ("terminate called without an active exception"). Plain torchrun runs hit it too, rarely; the time
+    gpudoctor spends writing at the end made it likelier, so it waits here while holding nothing. Only a
+    process that may hold such threads waits: `import torch` imports torch.distributed in every script.
+    """
+    if may_hold_process_groups():
+        time.sleep(pause_s)
+
+
+def may_hold_process_groups() -> bool:
+    """Whether the script runs as a rank of a job (torchrun's variables) or holds a torch.distributed process group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return False
+    if any(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return True
+    try:
+        return bool(dist.is_available() and dist.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch that cannot say: wait, as before
+        return True
+
+
+def stop_helpers(grace_s: float = HELPER_GRACE_S) -> None:
+    """End the child processes the script left running when --max-steps stopped it.
+
+    The script's own cleanup (setting the event its helper waits for, joining it) never ran, and at exit
+    multiprocessing joins every non-daemon child: without this, the run would never end.
+    """
+    import multiprocessing
+
+    helpers = multiprocessing.active_children()
+    deadline = time.monotonic() + grace_s
+    for helper in helpers:
+        helper.join(max(0.0, deadline - time.monotonic()))
+    left = [helper for helper in helpers if helper.is_alive()]
+    for helper in left:
+        helper.terminate()
+    for helper in left:
+        helper.join(HELPER_GRACE_S)
+        if helper.is_alive():
+            helper.kill()
+    if left:
+        plural = "es" if len(left) > 1 else ""
+        print(f"gpudoctor: stopped {len(left)} helper process{plural} that the script left running when "
+              "--max-steps ended it.", file=sys.stderr)

@@ -1,0 +1,34 @@
+"""How the script ended, in gpudoctor's words: the ending's name, the exit status to pass on, one sentence."""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+from gpudoctor.bundle.events import EndEvent
+from gpudoctor.errors import EXIT_TIMEOUT
+from gpudoctor.launch.supervisor import Supervisor, exit_status_of
+
+if TYPE_CHECKING:
+    from gpudoctor.launch.profile import ProfileRequest
+
+
+def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | None,
+                    supervisor: Supervisor) -> tuple[str, int, str | None]:
+    name = request.module or request.script
+    status = exit_status_of(returncode)
+    if supervisor.timed_out:
+        message = f"{name} was still running after --timeout {request.timeout_s:g} s, so gpudoctor stopped it."
+        return "timeout", EXIT_TIMEOUT, message
+    if end is not None and end.reason == "max_steps":
+        return "max_steps", 0, f"stopped {name} after --max-steps {request.max_steps}, as asked."
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        if sig == signal.SIGINT:
+            return "interrupted", status, f"{name} was interrupted (Ctrl-C)."
+        return "signal", status, f"{name} was killed by {sig.name} (exit status {status})."
+    if end is not None and end.reason == "exception":
+        return "exception", status, f"{name} raised {end.exception}: {(end.message or '')[:200]}"
+    if status != 0:
+        return "exit", status, f"{name} exited with status {status}."
+    return "completed", 0, None

@@ -1,0 +1,104 @@
+"""`gpudoctor profile`: start the script in a child process, sample it from here, and write the bundle.
+
+The parent outlives a child that crashes, is killed or hangs, so the bundle and report are written
+whatever happens to the script. The ranks the script starts (a framework's launcher, mp.spawn) are followed
+into (gpudoctor.collect.follow): each writes its bundle in the run directory, finished here with the script's
+(gpudoctor.launch.followed).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpudoctor.bundle import EVENTS, MANIFEST, write_json_atomic
+from gpudoctor.collect import follow
+from gpudoctor.collect.config import ChildConfig, WindowConfig
+from gpudoctor.collect.stub import child_command
+from gpudoctor.launch import followed
+from gpudoctor.launch.ending import describe_ending
+from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
+from gpudoctor.launch.ranks import torchrun_rank
+from gpudoctor.launch.run_dir import check_script, make_run_dir
+from gpudoctor.launch.supervisor import Supervisor
+
+
+@dataclass
+class ProfileRequest:
+    script: str | None
+    module: str | None
+    args: list[str]
+    out: Path | None = None
+    window: WindowConfig = field(default_factory=WindowConfig)
+    max_steps: int | None = None
+    timeout_s: float | None = None
+    sample_interval_s: float = 0.1
+    with_stack: bool = False
+    progress: bool = True  # a status line on stderr while the script runs, when stderr is a terminal
+
+    @property
+    def target_name(self) -> str:
+        return self.module or Path(self.script or "script").stem
+
+
+@dataclass
+class ProfileOutcome:
+    run_dir: Path
+    exit_status: int
+    ending: str  # completed | exit | exception | signal | timeout | interrupted | max_steps | no_start
+    message: str | None  # one sentence for the user when the script did not simply complete
+    note: str | None = None  # one sentence when the run directory refused the final manifest
+    ranks: list[int] = field(default_factory=list)  # the job's ranks, when the script started ranks of its own
+    stopped_ranks: list[int] = field(default_factory=list)  # pids of ranks still running after the script ended
+
+
+def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None) -> ProfileOutcome:
+    """Run the script under the instrumentation and the samplers, and finish its bundle (and those of the ranks it
+    started); `meanwhile`, which must not raise, runs in this process while the script does."""
+    if request.script is not None:
+        check_script(request.script)
+    run_dir = make_run_dir(request.out, request.target_name)
+    config = ChildConfig(run_dir=str(run_dir), window=request.window, max_steps=request.max_steps,
+                         with_stack=request.with_stack)
+    # Under torchrun each rank is a `gpudoctor profile` of its own, in JOB/rank-K/: a process it starts with its
+    # RANK (a compile worker) finds that rank's directory taken.
+    job_dir = run_dir.parent if torchrun_rank() is not None else run_dir
+    env = follow.environment(dict(os.environ), follow.FollowConfig(str(job_dir), config, os.getpid()))
+    started = time.time()
+    child = subprocess.Popen(child_command(config, request.script, request.module, request.args), env=env)
+    # Set up while the script's interpreter starts: the samplers' imports, NVML's start and the GPUs'
+    # description do not delay it.
+    try:
+        from gpudoctor.launch.samplers import Samplers
+        from gpudoctor.ui.status_line import Progress
+
+        samplers = Samplers(run_dir, request.sample_interval_s)
+        manifest = base_manifest(request, samplers)
+        write_json_atomic(run_dir / MANIFEST, manifest)
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    samplers.start(child.pid)
+    progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
+    followed_ranks = (list) if job_dir != run_dir else (lambda: followed.followed_pids(run_dir))
+    supervisor = Supervisor(child, request.timeout_s, followed_ranks)
+    try:
+        returncode = supervisor.wait(meanwhile)
+        stopped = followed.end_ranks(run_dir) if job_dir == run_dir else []
+    finally:
+        if progress is not None:
+            progress.stop()
+        samplers.stop()
+        followed.signal_all(followed.running(followed_ranks()), 9)  # none is left running, whatever happened
+    report = child_report(run_dir)
+    ending, status, message = describe_ending(request, returncode, report.end, supervisor)
+    final = final_manifest(run_dir, manifest, samplers, report, exit_info(report.end, ending, status, returncode),
+                           started)
+    note = finish_manifest(run_dir, final)
+    ranks = followed.finish_job(run_dir, final, samplers) if job_dir == run_dir else []
+    return ProfileOutcome(run_dir, status, ending, message, note, ranks, stopped)

@@ -1,0 +1,92 @@
+"""The run directory: where it is, made writable and emptied of an earlier run's files; and the script checked
+before anything runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from gpudoctor.bundle import EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, trace_names
+from gpudoctor.collect.window import LOG
+from gpudoctor.errors import OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
+from gpudoctor.launch.ranks import torchrun_rank
+
+
+def check_script(script: str) -> None:
+    path = Path(script)
+    if not path.exists():
+        raise ScriptNotFoundError(f"{script} does not exist{_did_you_mean(path) or '.'}")
+    if path.is_dir():
+        raise ScriptNotFoundError(f"{script} is a directory, not a Python script.")
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ScriptNotFoundError(f"{script} cannot be read: {exc.strerror}.") from None
+    if b"\0" in source:  # compile() reports these as a SyntaxError or a ValueError, depending on the Python
+        raise ScriptNotPythonError(f"{script} is not a Python script: it is a binary file (it contains null bytes).")
+    try:
+        compile(source, script, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f" (line {exc.lineno})" if exc.lineno else ""
+        raise ScriptNotPythonError(f"{script} is not valid Python: {exc.msg}{where}.") from None
+
+
+def _did_you_mean(path: Path) -> str:
+    """'; did you mean train.py?' when a .py file beside the missing one has a close name, else ''."""
+    try:
+        neighbours = [p.name for p in path.parent.glob("*.py") if p.is_file()]
+    except OSError:
+        return ""
+    # By stem: the shared ".py" would make any two names look alike.
+    close = difflib.get_close_matches(path.stem, [name.removesuffix(".py") for name in neighbours], n=1)
+    return f"; did you mean {path.with_name(close[0] + '.py')}?" if close else ""
+
+
+def make_run_dir(out: Path | None, target_name: str) -> Path:
+    """The run directory, made and emptied of an earlier run's files. Under torchrun (`torchrun ... -m gpudoctor
+    profile ...`) each rank writes its own bundle, `rank-K/`, in the run directory its ranks share."""
+    rank = torchrun_rank()
+    if out is not None:
+        run_dir = out
+    elif rank is not None:  # every rank's parent is torchrun's agent: one directory for them all
+        run_dir = Path("gpudoctor-runs") / f"{target_name}-torchrun-{os.getppid()}"
+    else:
+        run_dir = stamped_dir(Path("gpudoctor-runs"), target_name)
+    return prepare_run_dir(run_dir / f"rank-{rank}" if rank is not None else run_dir)
+
+
+def stamped_dir(parent: Path, name: str) -> Path:
+    """parent/name-YYYYmmdd-HHMMSS, with -2, -3, ... after it when that exists already."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir, suffix = parent / f"{name}-{stamp}", 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = parent / f"{name}-{stamp}-{suffix}"
+    return run_dir
+
+
+def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = ()) -> Path:
+    """`run_dir` made, writable, and emptied of an earlier run's files (and of those of the `earlier` bundles in
+    it); its absolute path. Raises OutputNotWritableError, naming --out, when it cannot be written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (run_dir, *earlier):
+            _remove_previous_run(directory)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputNotWritableError(
+            f"cannot write to {run_dir} ({exc.strerror}); choose another directory with --out."
+        ) from None
+    return run_dir.resolve()
+
+
+def _remove_previous_run(run_dir: Path) -> None:
+    """An --out directory used before: its files would mix with this run's (events and samples are appended)."""
+    for name in (MANIFEST, EVENTS, LOG, *trace_names(run_dir), FINDINGS, REPORT,
+                 *(f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values())):
+        (run_dir / name).unlink(missing_ok=True)

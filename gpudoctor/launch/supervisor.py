@@ -1,0 +1,93 @@
+"""Waiting for the script's process: --timeout enforced, Ctrl-C and SIGTERM passed on, its status read."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
+
+
+class Supervisor:
+    """Waits for the child, enforcing --timeout and passing Ctrl-C and SIGTERM on, and says how it ended.
+
+    `others` gives the job's other processes that gpudoctor records (the ranks it followed): they get the
+    same signals as the script's own process, as they would from the terminal.
+    """
+
+    def __init__(self, child: subprocess.Popen, timeout_s: float | None,
+                 others: Callable[[], list[int]] = list) -> None:
+        self.child = child
+        self.timeout_s = timeout_s
+        self.others = others
+        self.timed_out = False
+        self.interrupted = 0
+
+    def _send(self, sig: int) -> None:
+        with contextlib.suppress(OSError):
+            self.child.send_signal(sig)
+        for pid in self.others():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        # The terminal already sent SIGINT to the script too (same process group); a second Ctrl-C kills it.
+        self.interrupted += 1
+        if self.interrupted == 1 and not terminal_sent_to_group():
+            self._send(signal.SIGINT)
+        elif self.interrupted > 1:
+            self._send(signal.SIGKILL)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._send(signal.SIGTERM)
+
+    def wait(self, meanwhile: Callable[[], None] | None = None) -> int:
+        """Run `meanwhile` (which must not raise), then wait; Ctrl-C and SIGTERM go to the child all along."""
+        previous = signal.signal(signal.SIGINT, self._on_sigint), signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
+            if meanwhile is not None:
+                meanwhile()
+            while True:
+                try:
+                    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    return self.child.wait(timeout=remaining)
+                except subprocess.TimeoutExpired:
+                    self.timed_out = True
+                    return self._stop_child()
+        finally:
+            signal.signal(signal.SIGINT, previous[0])
+            signal.signal(signal.SIGTERM, previous[1])
+
+    def _stop_child(self) -> int:
+        """Ask nicely (SIGINT, so the window's trace is written), then insist."""
+        for sig, grace in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 3.0)):
+            self._send(sig)
+            try:
+                return self.child.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                continue
+        self._send(signal.SIGKILL)
+        return self.child.wait()
+
+
+def terminal_sent_to_group() -> bool:
+    """Whether a SIGINT came from the terminal's Ctrl-C, which the script's process received as well."""
+    for stream in (sys.stdin, sys.stderr):
+        try:
+            if stream is not None and stream.isatty():
+                return os.tcgetpgrp(stream.fileno()) == os.getpgrp()
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def exit_status_of(returncode: int) -> int:
+    """A child killed by signal N reports -N; a shell, and gpudoctor, report 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
