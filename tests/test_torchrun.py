@@ -45,7 +45,18 @@ def test_the_default_run_directory_holds_every_rank(gd: Gpudoctor) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (gd.cwd / "gpudoctor-runs").iterdir()
     assert run_dir.name.startswith("ddp_train-torchrun-")
-    assert sorted(p.name for p in run_dir.iterdir()) == ["rank-0", "rank-1"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["findings.json", "rank-0", "rank-1", "report.html"]
+
+
+def test_the_last_rank_to_finish_merges_the_job(gd: Gpudoctor) -> None:
+    result = _torchrun(gd, "--out", "run", *WINDOW, script("ddp_train.py"), "--steps", "8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    assert merged["run"]["world_size"] == 2 and [r["rank"] for r in merged["run"]["ranks"]] == [0, 1]
+    assert (gd.cwd / "run" / "report.html").is_file()
+    # One summary on the terminal, the job's: the ranks write their own reports without one.
+    assert result.stderr.count("gpudoctor: 2 ranks;") == 1
+    assert sorted(p.name for p in (gd.cwd / "run" / "rank-1").iterdir() if p.name.startswith(".")) == []
 
 
 def test_analyze_of_the_shared_directory_merges_the_ranks(gd: Gpudoctor) -> None:

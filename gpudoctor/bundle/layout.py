@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -22,6 +23,7 @@ SAMPLES_DIR = "samples"
 SAMPLE_FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"}
 FINDINGS = "findings.json"
 REPORT = "report.html"
+RANK_DIR = re.compile(r"^rank-(0|[1-9][0-9]{0,5})$")  # a job's rank K has its bundle in RUN/rank-K/
 
 
 def trace_name(window: int) -> str:
@@ -42,3 +44,14 @@ def trace_names(run_dir: Path) -> list[str]:
 def sample_file(run_dir: Path, kind: str) -> Path:
     """samples/host.jsonl, samples/procs.jsonl or samples/gpu.jsonl."""
     return run_dir / SAMPLES_DIR / SAMPLE_FILES[kind]
+
+
+def rank_dirs(directory: Path, with_manifest: bool = True) -> dict[int, Path]:
+    """The rank bundles directly in `directory` (rank -> its bundle), by rank; `with_manifest=False` also gives
+    the rank directories of a run that wrote no manifest (yet)."""
+    found = {}
+    for child in directory.iterdir() if directory.is_dir() else ():
+        match = RANK_DIR.match(child.name)
+        if match and child.is_dir() and (not with_manifest or (child / MANIFEST).is_file()):
+            found[int(match.group(1))] = child
+    return dict(sorted(found.items()))

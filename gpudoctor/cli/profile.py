@@ -11,7 +11,7 @@ from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.launch import followed
+from gpudoctor.launch import followed, inner_job
 from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
 from gpudoctor.launch.profile import profile as run_profile
 from gpudoctor.launch.torchrun import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
@@ -159,6 +159,8 @@ def profile(
     _say_each(_stopped_ranks(outcome))
     if outcome.ranks:
         report = _merge_into(outcome.run_dir, prepared, formats)
+    elif inner_job.merges_itself():
+        report = _merge_inner_job(outcome.run_dir, prepared, formats)
     else:
         report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
     _say_each(ending if in_verdict and report is None else None)
@@ -262,6 +264,19 @@ def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]
         _say(f"the rank bundles were written to {run_dir}, but the merged report could not be made: {exc}")
         return None
     return report
+
+
+def _merge_inner_job(rank_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
+    """A rank of `torchrun ... -m gpudoctor profile`: its own report (no summary of its own on the terminal), then
+    the job's, merged by the last rank of the node to finish."""
+    own = _diagnose_into(rank_dir, rank_dir, prepared, tuple(f for f in formats if f != "text"))
+    inner_job.mark_done(rank_dir)
+    if not inner_job.take_merge(rank_dir.parent):
+        return own
+    try:
+        return _merge_into(rank_dir.parent, prepared, formats)
+    finally:
+        inner_job.merged(rank_dir.parent)
 
 
 def _stopped_ranks(outcome: ProfileOutcome) -> str | None:

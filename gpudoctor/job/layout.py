@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpudoctor.bundle import MANIFEST
+from gpudoctor.bundle.layout import MANIFEST, rank_dirs
 from gpudoctor.errors import BundleError
-
-RANK_DIR = re.compile(r"^rank-(0|[1-9][0-9]{0,5})$")
-
-
-def rank_dirs(directory: Path, with_manifest: bool = True) -> dict[int, Path]:
-    """The rank bundles directly in `directory` (rank -> its bundle), by rank; `with_manifest=False` also gives
-    the rank directories of a run that wrote no manifest (yet)."""
-    found = {}
-    for child in directory.iterdir() if directory.is_dir() else ():
-        match = RANK_DIR.match(child.name)
-        if match and child.is_dir() and (not with_manifest or (child / MANIFEST).is_file()):
-            found[int(match.group(1))] = child
-    return dict(sorted(found.items()))
 
 
 def is_job_dir(path: Path) -> bool:

@@ -24,6 +24,7 @@ import msgspec
 
 from gpudoctor.bundle import EVENTS, MANIFEST, SAMPLE_FILES, SAMPLES_DIR, JsonlWriter, read_jsonl, write_json_atomic
 from gpudoctor.bundle.events import EVENT_DECODER, EndEvent, ProcessEvent, RankEvent, StepEvent
+from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.bundle.manifest import ExceptionInfo, ExitInfo, Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 from gpudoctor.errors import BundleError
@@ -40,12 +41,6 @@ ENDINGS = {"completed": "completed", "exit": "exit", "exception": "exception", "
 _ROWS = {"host": HostRow, "procs": ProcsRow, "gpu": GpuRow}
 
 
-def rank_dirs(job_dir: Path) -> dict[int, Path]:
-    from gpudoctor.job.layout import rank_dirs as found
-
-    return found(job_dir, with_manifest=False)
-
-
 def first_pid(bundle: Path) -> int | None:
     """The process that records into `bundle`, from its first process event."""
     try:
@@ -59,7 +54,7 @@ def first_pid(bundle: Path) -> int | None:
 
 def followed_pids(job_dir: Path) -> list[int]:
     """The processes of the ranks followed so far."""
-    return [pid for pid in (first_pid(d) for d in rank_dirs(job_dir).values()) if pid is not None]
+    return [pid for pid in (first_pid(d) for d in rank_dirs(job_dir, with_manifest=False).values()) if pid is not None]
 
 
 def running(pids: Iterable[int]) -> list[int]:
@@ -137,7 +132,7 @@ class Followed:
 def finish_job(job_dir: Path, root: Manifest, samplers: Samplers, ranks_on_host: int | None = None) -> list[int]:
     """Finish every followed rank's bundle and place the script's own; the ranks of the job, or [] when the
     script followed none (a single process, whose bundle is the run directory itself)."""
-    followed = {number: Followed.read(path) for number, path in rank_dirs(job_dir).items()}
+    followed = {number: Followed.read(path) for number, path in rank_dirs(job_dir, with_manifest=False).items()}
     for number, one in list(followed.items()):
         if not one.is_rank:
             shutil.rmtree(one.path, ignore_errors=True)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 from gpudoctor.bundle import EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, trace_names
+from gpudoctor.bundle.layout import RANK_DIR
 from gpudoctor.collect.window import LOG
 from gpudoctor.errors import OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
+from gpudoctor.launch.inner_job import DONE
 from gpudoctor.launch.ranks import torchrun_rank
 
 
@@ -55,7 +58,18 @@ def make_run_dir(out: Path | None, target_name: str) -> Path:
         run_dir = Path("gpudoctor-runs") / f"{target_name}-torchrun-{os.getppid()}"
     else:
         run_dir = stamped_dir(Path("gpudoctor-runs"), target_name)
-    return prepare_run_dir(run_dir / f"rank-{rank}" if rank is not None else run_dir)
+    if rank is not None:
+        return prepare_run_dir(run_dir / f"rank-{rank}")
+    return prepare_run_dir(run_dir, replaced=_job_bundles(run_dir))
+
+
+def _job_bundles(run_dir: Path) -> list[Path]:
+    """The bundles of an earlier job in `run_dir`: its ranks' and its launcher's, which this run's replace."""
+    from gpudoctor.launch.followed import LAUNCHER_DIR
+
+    found = [path for path in run_dir.glob("rank-*") if RANK_DIR.match(path.name) and path.is_dir()]
+    launcher = run_dir / LAUNCHER_DIR
+    return [*found, launcher] if (launcher / MANIFEST).is_file() or (launcher / EVENTS).is_file() else found
 
 
 def stamped_dir(parent: Path, name: str) -> Path:
@@ -68,13 +82,16 @@ def stamped_dir(parent: Path, name: str) -> Path:
     return run_dir
 
 
-def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = ()) -> Path:
+def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = (), replaced: Iterable[Path] = ()) -> Path:
     """`run_dir` made, writable, and emptied of an earlier run's files (and of those of the `earlier` bundles in
-    it); its absolute path. Raises OutputNotWritableError, naming --out, when it cannot be written."""
+    it; the `replaced` bundles are removed whole); its absolute path. Raises OutputNotWritableError, naming --out,
+    when it cannot be written."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         for directory in (run_dir, *earlier):
             _remove_previous_run(directory)
+        for bundle in replaced:
+            shutil.rmtree(bundle)
         probe = run_dir / ".write-test"
         probe.write_text("")
         probe.unlink()
@@ -87,6 +104,6 @@ def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = ()) -> Path:
 
 def _remove_previous_run(run_dir: Path) -> None:
     """An --out directory used before: its files would mix with this run's (events and samples are appended)."""
-    for name in (MANIFEST, EVENTS, LOG, *trace_names(run_dir), FINDINGS, REPORT,
+    for name in (MANIFEST, EVENTS, LOG, *trace_names(run_dir), FINDINGS, REPORT, DONE,
                  *(f"{SAMPLES_DIR}/{f}" for f in SAMPLE_FILES.values())):
         (run_dir / name).unlink(missing_ok=True)

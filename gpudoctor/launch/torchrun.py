@@ -7,6 +7,7 @@ gpudoctor rewrites the command into the form where gpudoctor runs inside torchru
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpudoctor.bundle import Manifest, read_manifest
+from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.errors import BundleError, GpudoctorError
+from gpudoctor.launch.inner_job import OUTER_ENV
 from gpudoctor.launch.run_dir import check_script, prepare_run_dir, stamped_dir
 from gpudoctor.launch.supervisor import Supervisor, exit_status_of, terminal_sent_to_group
 
@@ -111,7 +114,6 @@ def rank_command(job: TorchrunJob, run_dir: Path, rank_options: list[str]) -> li
 def make_job_dir(out: Path | None, name: str) -> Path:
     """The job's run directory, as launcher.make_run_dir makes one: the default is stamped, and an --out used before
     loses an earlier run's files (its report, its rank bundles), which would mix with this job's."""
-    from gpudoctor.job.layout import rank_dirs  # gpudoctor.job imports the analysis: here, not in `profile`'s start
 
     run_dir = out if out is not None else stamped_dir(Path("gpudoctor-runs"), f"{name}-torchrun")
     return prepare_run_dir(run_dir, rank_dirs(run_dir, with_manifest=False).values())
@@ -131,7 +133,7 @@ def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str]) -> JobO
     if job.script is not None:
         check_script(job.script)  # once here, rather than once per rank
     run_dir = make_job_dir(out, job.name)
-    agent = subprocess.Popen(rank_command(job, run_dir, rank_options))
+    agent = subprocess.Popen(rank_command(job, run_dir, rank_options), env={**os.environ, OUTER_ENV: "1"})
     returncode = _AgentSupervisor(agent, None).wait()
     status = exit_status_of(returncode)
     return JobOutcome(run_dir, status, None if returncode == 0 else failure_sentence(run_dir, returncode))
@@ -140,7 +142,6 @@ def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str]) -> JobO
 def failure_sentence(run_dir: Path, returncode: int) -> str:
     """How torchrun ended and which ranks failed, as their manifests record it: the failures before the ranks
     that were only stopped (torchrun stops the others when one fails)."""
-    from gpudoctor.job.layout import rank_dirs
 
     status = exit_status_of(returncode)
     head = (f"torchrun was killed by {signal.Signals(-returncode).name} (exit status {status})" if returncode < 0
