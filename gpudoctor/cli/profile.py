@@ -14,6 +14,7 @@ from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
 from gpudoctor.launch import followed, inner_job
 from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
 from gpudoctor.launch.profile import profile as run_profile
+from gpudoctor.launch.run_dir import python_program
 from gpudoctor.launch.torchrun import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
 from gpudoctor.paths import find_pyproject
 from gpudoctor.vocabulary import ENTRY_POINT_GROUP
@@ -129,6 +130,8 @@ def profile(
         args.insert(0, script)
         script = None
     selection = _RuleArgs(rules, select, ignore, rule_option, rule_timeout)
+    if script is not None and not is_torchrun(script, module):
+        script = python_program(script) or script  # `gpudoctor profile accelerate launch ...`
     if is_torchrun(script, module):
         _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
         job = _torchrun_job(args)

@@ -18,6 +18,22 @@ from gpudoctor.launch.inner_job import DONE
 from gpudoctor.launch.ranks import torchrun_rank
 
 
+def python_program(name: str) -> str | None:
+    """The file of a Python program installed on PATH (`accelerate`, `lightning`: a console script whose first
+    line runs python), for a bare name that is no file of the working directory; else None."""
+    if os.sep in name or Path(name).exists():
+        return None
+    found = shutil.which(name)
+    if found is None:
+        return None
+    try:
+        with open(found, "rb") as program:
+            first = program.readline(512)
+    except OSError:
+        return None
+    return found if first.startswith(b"#!") and b"python" in first else None
+
+
 def check_script(script: str) -> None:
     path = Path(script)
     if not path.exists():

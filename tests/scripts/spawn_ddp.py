@@ -1,0 +1,56 @@
+"""DDP over --nproc processes that the script starts with torch.multiprocessing.spawn, as pytorch/examples' ImageNet
+does with --multiprocessing-distributed (gloo on the CPU)."""
+
+import argparse
+import os
+import socket
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+def say(line: str) -> None:
+    """One write for the whole line: ranks share stdout, and print() writes the newline apart."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def train(rank: int, world_size: int, steps: int) -> None:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                                        torch.nn.Linear(64, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, world_size, rank))
+    done = 0
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        done += 1
+        if done == steps:
+            break
+    say(f"spawn_ddp: rank {rank} of {world_size} did {done} steps")
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=16)
+    args = parser.parse_args()
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
+    mp.spawn(train, args=(args.nproc, args.steps), nprocs=args.nproc)

@@ -1,0 +1,180 @@
+"""Jobs as people launch them, on the CPU: each ends under gpudoctor as it does plainly (its exit status, its own
+output), and every rank it runs is profiled, in RUN/rank-K/, and merged into RUN's findings.json.
+
+PyTorch Lightning (one process; DDP with the processes Lightning starts itself, `strategy="ddp"` and
+`"ddp_spawn"`), Hugging Face's Trainer, `accelerate launch`, torch.multiprocessing.spawn, and torchrun around
+gpudoctor and inside it. torch.compile has its own tests (test_compiled_models.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RUN_TIMEOUT_S, WINDOW, Gpudoctor, Result, checked_findings, env_with, script
+from gpudoctor.bundle.events import ProcessEvent, RankEvent, StepEvent
+
+
+def _free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def _plain(gd: Gpudoctor, *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *command], cwd=gd.cwd, env=env_with(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def _own_lines(stdout: str, name: str) -> list[str]:
+    """The script's own lines (`name: ...`), sorted: the ranks' interleave (a print() writes its newline apart, so
+    one rank's line can run into another's), and libraries print timings of their own."""
+    return sorted(part.splitlines()[0] for part in re.split(f"(?={re.escape(name)}:)", stdout)
+                  if part.startswith(f"{name}:"))
+
+
+def _optimizer_steps(result: Result, bundle: str = "") -> int:
+    """Steps marked by the optimizer: a loader that fetches a batch ahead (Accelerate's, the Trainer's) counts one
+    step before the optimizer's first, which the optimizer's steps then replace."""
+    return sum(1 for e in result.events(StepEvent, bundle) if e.source == "optimizer")
+
+
+def _same_as_plain(gd: Gpudoctor, name: str, plain_command: list[str], profiled: Result) -> None:
+    plain = _plain(gd, *plain_command)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert profiled.returncode == plain.returncode, profiled
+    assert _own_lines(profiled.stdout, name) == _own_lines(plain.stdout, name) != [], (plain.stdout, profiled)
+
+
+def _every_rank_merged(result: Result, world_size: int, steps: int) -> dict:
+    findings = checked_findings(result.run_dir / "findings.json")
+    assert findings["run"]["world_size"] == world_size, findings["run"]
+    assert [r["rank"] for r in findings["run"]["ranks"]] == list(range(world_size))
+    for rank in range(world_size):
+        assert _optimizer_steps(result, f"rank-{rank}") == steps, rank
+        manifest = json.loads((result.run_dir / f"rank-{rank}" / "manifest.json").read_text())
+        assert manifest["exit"]["ending"] == "completed", manifest["exit"]
+        assert manifest["child"]["process"]["rank"] == rank
+        assert (result.run_dir / f"rank-{rank}" / "report.html").is_file()
+    assert (result.run_dir / "report.html").is_file()
+    return findings
+
+
+def _no_rank_is_another_program(result: Result, world_size: int) -> None:
+    """Each rank's host samples count the job's other ranks as the job's own demand for the CPU (`job_cpu`), never as
+    other programs', and its own process samples hold none of theirs."""
+    pids = {rank: result.events(ProcessEvent, f"rank-{rank}")[0].pid for rank in range(world_size)}
+    for rank, pid in pids.items():
+        bundle = result.run_dir / f"rank-{rank}"
+        host = [json.loads(line) for line in (bundle / "samples" / "host.jsonl").read_text().splitlines()]
+        procs = [json.loads(line) for line in (bundle / "samples" / "procs.jsonl").read_text().splitlines()]
+        others = {str(p) for r, p in pids.items() if r != rank}
+        assert any(others <= set(row.get("job_cpu", {})) for row in host), rank
+        own = {entry["pid"] for row in procs for entry in row.get("procs", [])}
+        assert pid in own and not own & {int(p) for p in others}, rank
+
+
+def test_lightning_trains_in_one_process(gd: Gpudoctor) -> None:
+    result = gd.profile(script("lightning_train.py"), "--steps", "12")
+    _same_as_plain(gd, "lightning_train", [script("lightning_train.py"), "--steps", "12"], result)
+    assert not (result.run_dir / "rank-0").exists()  # one process: the run directory is its bundle
+    assert _optimizer_steps(result) == 12
+    assert result.findings()["run"]["step_source"] == "optimizer"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_lightning_ddp_profiles_the_ranks_lightning_starts(gd: Gpudoctor, strategy: str) -> None:
+    """"ddp": Lightning runs the script again for rank 1, and the script's own process is rank 0; "ddp_spawn": both
+    ranks are torch.multiprocessing's, and the script's own process only launched them."""
+    args = ("--strategy", strategy, "--devices", "2", "--steps", "12")
+    result = gd.profile(script("lightning_train.py"), *args)
+    _same_as_plain(gd, "lightning_train", [script("lightning_train.py"), *args], result)
+    _every_rank_merged(result, 2, 12)
+    _no_rank_is_another_program(result, 2)
+    assert (result.run_dir / "launcher").is_dir() == (strategy == "ddp_spawn")
+    joined = [e for e in result.events(RankEvent, "rank-1") if e.source == "init_process_group"]
+    assert [(e.rank, e.world_size) for e in joined] == [(1, 2)]
+
+
+def test_hugging_face_trainer(gd: Gpudoctor) -> None:
+    result = gd.profile(script("hf_trainer.py"), "--steps", "12")
+    _same_as_plain(gd, "hf_trainer", [script("hf_trainer.py"), "--steps", "12"], result)
+    assert _optimizer_steps(result) == 12
+    assert result.findings()["run"]["step_source"] == "optimizer"
+
+
+def test_accelerate_launch_runs_each_rank_under_gpudoctor(gd: Gpudoctor) -> None:
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port"]
+    args = [script("accelerate_train.py"), "--steps", "12"]
+    result = gd.run("profile", "--out", "run", *WINDOW, *launch, _free_port(), *args)
+    _same_as_plain(gd, "accelerate_train", [*launch, _free_port(), *args], result)
+    _every_rank_merged(result, 2, 12)
+    _no_rank_is_another_program(result, 2)
+
+
+def test_torch_multiprocessing_spawn(gd: Gpudoctor) -> None:
+    result = gd.profile(script("spawn_ddp.py"), "--steps", "12")
+    _same_as_plain(gd, "spawn_ddp", [script("spawn_ddp.py"), "--steps", "12"], result)
+    _every_rank_merged(result, 2, 12)
+    _no_rank_is_another_program(result, 2)
+
+
+def test_max_steps_stops_every_rank(gd: Gpudoctor) -> None:
+    result = gd.run("profile", "--out", "run", *WINDOW, "--max-steps", "8", script("spawn_ddp.py"), "--steps", "400")
+    assert result.returncode == 0, result
+    for rank in (0, 1):
+        manifest = json.loads((result.run_dir / f"rank-{rank}" / "manifest.json").read_text())
+        assert manifest["exit"]["ending"] == "max_steps" and manifest["exit"]["steps"] == 8
+
+
+@pytest.mark.parametrize("form", ["outer", "inner"])
+def test_torchrun_either_way_round(gd: Gpudoctor, form: str) -> None:
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    args = [script("ddp_train.py"), "--steps", "12"]
+    if form == "outer":
+        result = gd.run("profile", "--out", "run", *WINDOW, *torchrun, *args)
+    else:
+        inner = subprocess.run([sys.executable, *torchrun, "-m", "gpudoctor", "profile", "--out", "run", *WINDOW,
+                                *args], cwd=gd.cwd, env=env_with(), capture_output=True, text=True,
+                               timeout=RUN_TIMEOUT_S)
+        result = Result(inner.returncode, inner.stdout, inner.stderr, gd.cwd / "run")
+    _same_as_plain(gd, "ddp_train", [*torchrun, *args], result)
+    _every_rank_merged(result, 2, 12)
+    assert len(re.findall(r"^gpudoctor: 2 ranks;", result.stderr, re.MULTILINE)) == 1
+
+
+def test_a_killed_gpudoctor_leaves_no_process_of_the_job(gd: Gpudoctor) -> None:
+    import psutil
+
+    process = gd.start("profile", "--out", "run", *WINDOW, script("spawn_ddp.py"), "--steps", "100000")
+    try:
+        job = _wait_for_ranks(gd.cwd / "run", process)
+        process.kill()
+        process.wait(timeout=30)
+        _, alive = psutil.wait_procs(job, timeout=60)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        for leftover in psutil.Process().children(recursive=True):
+            leftover.kill()
+
+
+def _wait_for_ranks(run_dir: Path, process: subprocess.Popen) -> list:
+    """The job's processes once both ranks have stepped: the script's own and its ranks."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        stepped = [run_dir / f"rank-{rank}" / "events.jsonl" for rank in (0, 1)]
+        if all(path.is_file() and '"kind":"step"' in path.read_text() for path in stepped):
+            return psutil.Process(process.pid).children(recursive=True)
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    raise AssertionError("the ranks never stepped")
