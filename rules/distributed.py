@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gpudoctor import Finding, Job, NotEvaluated, RankFigures, RankRun, rule
 from gpudoctor.analysis.views import Location
+from gpudoctor.job.straggling import job_after_fix, straggling
 
 # A data wait explains the straggling when the slow rank waits for data at least this share of what the others
 # wait for it: the rest of the difference is then within what one more finding could name.
@@ -22,44 +23,6 @@ class Cause:
     fix: str
     location: Location | None
     code: str | None  # the slow rank's own finding that names the cause, if any
-
-
-@dataclass(frozen=True)
-class Straggling:
-    """The rank the others wait for, step by step: `slow` spends the least time in collectives in `slow_steps` of
-    the `steps` every rank analysed, and the others wait `wait_s` for it (median over those steps of the least
-    wait among them) in steps of `step_s` (the median of those steps on the waiting ranks)."""
-
-    slow: RankRun
-    others: list[RankFigures]
-    slow_steps: int
-    steps: int
-    wait_s: float
-    step_s: float
-
-    @property
-    def consistency(self) -> float:
-        return self.slow_steps / self.steps
-
-
-def straggling(job: Job, min_steps: int = 3) -> Straggling:
-    measured = [r for r in job.ranks if r.figures.collective_by_step]
-    if len(measured) < 2:
-        raise NotEvaluated("fewer than two ranks show collectives in their traces")
-    common = sorted(set.intersection(*(set(r.figures.collective_by_step) for r in measured)))
-    if len(common) < min_steps:
-        raise NotEvaluated(f"the ranks analysed fewer than {min_steps} steps in common")
-    least = [min(measured, key=lambda r: r.figures.collective_by_step[step]) for step in common]
-    slow = max(measured, key=least.count)  # the rank that is most often the last to arrive
-    others = [r.figures for r in measured if r is not slow]
-    waits = [min(f.collective_by_step[step] for f in others) - slow.figures.collective_by_step[step]
-             for step in common]
-    # The same steps' wall time on the waiting ranks: a wait is a share of these, not of a median taken over
-    # other steps (those outside a window that slowed its steps are shorter).
-    in_common = set(common)
-    walls = [[s.wall_s for s in r.run.steps if s.index in in_common] for r in measured if r is not slow]
-    step_s = statistics.median(statistics.median(w) for w in walls if w) if any(walls) else 0.0
-    return Straggling(slow, others, least.count(slow), len(common), max(0.0, statistics.median(waits)), step_s)
 
 
 @rule("GD601", "straggler", category="straggler", scope="job")
@@ -81,9 +44,11 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
     `.item()` calls on rank 0 only, the same GPU model and clocks, its own cores), then profile again. The finding
     on that rank names the line.
 
-    Impact: the others' wait per step (the least of their waits, with more than two ranks): the step after the fix
-    is at most that much shorter. Where the slow rank's own finding explains that wait, its saving is counted here
-    once, not again on that rank.
+    Impact: the job's step after the fix (gpudoctor.job.straggling): the others no longer wait, but their own
+    limits, hidden behind the wait, remain: the step is at least each waiting rank's step without its wait, and
+    at least what its loader's workers can feed (their CPU per batch over the workers with a core of their own),
+    which the slow rank, given the same loader settings, is held to as well. Where the slow rank's own finding
+    explains that wait, its saving is counted here once, not again on that rank.
     """
     found = straggling(job)
     wait_s, step_s, slow, others = found.wait_s, found.step_s, found.slow, found.others
@@ -92,13 +57,14 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
         return
     cause = straggler_cause(slow, others, wait_s)
     waiting = ", ".join(str(f.rank) for f in others)
-    share = min(1.0, wait_s / step_s)
+    after = job_after_fix(found)
+    share = min(1.0, max(0.0, 1 - after.step_s / step_s))
     yield Finding(
         title=(f"Rank {slow.rank} holds back the others: rank{'s' if len(others) > 1 else ''} {waiting} "
                f"wait{'' if len(others) > 1 else 's'} {wait_s * 1e3:.1f} ms of each {step_s * 1e3:.1f} ms step "
                "for it in collectives"),
         impact=share,
-        severity="critical" if share >= critical_wait_share else None,
+        severity="critical" if wait_s >= critical_wait_share * step_s else None,
         location=cause.location,
         evidence={
             "slow rank": slow.rank,
@@ -108,6 +74,8 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
             f"rank {slow.rank} data wait per step": (_ms(slow.figures.data_wait_s), "ms"),
             "the others' data wait per step": (_ms(_median_of(f.data_wait_s for f in others)), "ms"),
             "cause": cause.said,
+            "the job's step after the fix": (round(after.step_s * 1e3, 2), "ms"),
+            "then limited by": after.limited_by,
         },
         fix=cause.fix,
     )

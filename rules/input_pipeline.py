@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
-from gpudoctor.analysis import DataWait, LoaderInfo, ProcessInfo
+from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_workers
 
 
 def _loader(run: Run) -> LoaderInfo:
@@ -36,24 +36,24 @@ def _compute_s(run: Run, wall: float, wait: float) -> float:
     return max(host, gpu) if gpu is not None else host
 
 
-def _workers(run: Run) -> list[ProcessInfo]:
-    """The loader's worker processes over the steps the data wait is measured on: the main process's children
-    that torch named pt_data_worker, or all its children where none is (a torch that does not name them).
-    Others are not the loader's: multiprocessing's resource tracker (pytorch/examples' mnist_hogwild: 0.0 of a
-    core, beside its one worker's 0.87), a script's own pool."""
-    processes = run.steady_processes
-    main = next((p for p in processes if p.role == "main"), None)
-    children = [p for p in processes if main is not None and p.ppid == main.pid]
-    return [p for p in children if p.is_loader_worker] or children
-
-
-def _suggested_workers(load_s: float, compute_s: float, cores: int | None) -> int:
-    """Enough workers that loading a batch in parallel takes less than a step's compute, within the cores."""
+def _suggested_workers(load_s: float, compute_s: float, cores: float | None) -> int:
+    """Enough workers that loading a batch in parallel takes less than a step's compute, within the cores (this
+    rank's share of the host's, where several ranks share it)."""
     needed = math.ceil(1.5 * load_s / max(compute_s, 1e-6))
     # One core stays with the training process, except on the smallest hosts, where a starved training
     # process mostly waits and two workers still beat one.
-    limit = max(2, (cores or 2) - 1)
+    limit = max(2, int(cores or 2) - 1)
     return max(1, min(limit, max(2, needed)))
+
+
+def _cores_evidence(run: Run) -> dict[str, object]:
+    """The cores the suggestion is made within: the host's, and this rank's share where ranks share the host."""
+    shared = run.env.ranks_on_host
+    if shared <= 1:
+        return {"cores available": run.env.cores}
+    share = cores_per_rank(run)
+    return {"cores available": run.env.cores, "ranks on this host": shared,
+            "cores per rank": round(share, 1) if share is not None else None}
 
 
 def _uses_a_gpu(run: Run) -> bool:
@@ -117,13 +117,12 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
         return
     wait, wall, share = starved.wait_s, starved.wall_s, starved.share
     compute = _compute_s(run, wall, wait)
-    workers = _suggested_workers(wait, compute, run.env.cores)
+    workers = _suggested_workers(wait, compute, cores_per_rank(run))
     fixed = max(compute, wait / workers)
     yield Finding(
         f"The GPU idles {share:.0%} of each step while the DataLoader loads the next batch in the main process",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
-        evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size,
-                  "cores available": run.env.cores},
+        evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run)},
         fix=_loader_fix(loader, workers, _uses_a_gpu(run)),
     )
 
@@ -153,14 +152,14 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         return
     starved = _starvation(run)
     wait, wall, share = starved.wait_s, starved.wall_s, starved.share
-    workers = _workers(run)
+    workers = loader_workers(run)
     if not starved.starving(min_wait_share, min_starved_steps) or not workers:
         return
     # The median worker: workers without persistent_workers start afresh each epoch, and a generation that lived
     # while the main process was slow (start-up, a checkpoint) sat with its queue full (dcgan: 0.09 and 0.17 of
     # a core, the six after it 0.74 to 0.85).
     worker_cores = statistics.median(p.cpu_mean for p in workers)
-    cores = run.env.cores or 1
+    cores = cores_per_rank(run) or 1
     if worker_cores < busy_worker_cores or loader.num_workers + 1 >= cores:
         return
     compute = _compute_s(run, wall, wait)
@@ -174,7 +173,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         f"idles {share:.0%} of each step waiting for data",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
-                  "CPU per worker": (round(worker_cores, 2), "cores"), "cores available": cores},
+                  "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run)},
         fix=_loader_fix(loader, suggested, _uses_a_gpu(run)),
     )
 

@@ -3,6 +3,7 @@ an NCCL kernel that lasts until the last rank joins it, so the ranks that wait s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from gpudoctor.diagnose import RuleSelection, prepare_rules
@@ -74,3 +75,63 @@ def test_balanced_ranks_with_exposed_communication(tmp_path: Path) -> None:
     exposed = next(f for f in findings if f["code"] == "GD602")
     assert exposed["title"].startswith("Communication is exposed for 8.0 ms of each 20.0 ms step")
     assert exposed["impact"] == 0.2  # half the exposed time: what fp16 compression of the gradients saves
+
+
+def _rank_with_workers(run: Path, rank: int, *, worker_cores: float, data_wait_s: float, compute: tuple[float, float],
+                       allreduce: tuple[float, float], workers: int) -> None:
+    """As _rank, on a host of 32 cores shared by two ranks, with `workers` loader workers each using
+    `worker_cores` of a core (one batch a step)."""
+    b = BundleBuilder(run / f"rank-{rank}", pid=4000 + 100 * rank)
+    b.env(cores=32, ranks_on_host=2)
+    b.loader(num_workers=workers)
+    b.process(1.0)
+    for _ in range(workers):
+        b.process(worker_cores, name="pt_data_worker")
+    for step in b.steps(STEPS, wall_s=STEP_S, data_wait_s=data_wait_s):
+        b.kernels([(step, compute[0], compute[1] - compute[0], "sm90_xmma_gemm_f32f32_tf32f32_f32_nn"),
+                   (step, allreduce[0], allreduce[1] - allreduce[0], ALLREDUCE)])
+    b.write()
+
+
+def test_the_waiting_ranks_loader_limits_the_jobs_step_after_the_fix(tmp_path: Path) -> None:
+    """Rank 0 waits 12 ms of its 20 ms step for rank 1; without the wait it would step in 8 ms, but its two workers
+    spend 0.6 of a core each over a 20 ms step on one batch: 24 ms of CPU a batch, a batch every 12 ms at best.
+    The job's step after rank 1's fix is those 12 ms, not 8: 40% saved, not 60%."""
+    _rank_with_workers(tmp_path, 0, worker_cores=0.6, data_wait_s=0.0, compute=(0.0, 0.005),
+                       allreduce=(0.005, 0.019), workers=2)
+    _rank_with_workers(tmp_path, 1, worker_cores=0.0, data_wait_s=0.012, compute=(0.012, 0.017),
+                       allreduce=(0.017, 0.019), workers=0)
+    straggler = _merged(tmp_path)[0]
+    evidence = {e["name"]: e["value"] for e in straggler["evidence"]}
+    assert straggler["code"] == "GD601" and evidence["the others' wait per step"] == 12.0
+    assert evidence["the job's step after the fix"] == 12.0
+    assert evidence["then limited by"] == "rank 0's loader: 2 workers, 24 ms of CPU per batch"
+    assert straggler["impact"] == 0.4
+
+
+def test_a_waiting_rank_says_whom_it_waits_for(tmp_path: Path) -> None:
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8)
+    _rank(tmp_path, 1, data_wait_s=0.012, compute=(0.012, 0.017), allreduce=(0.017, 0.019), workers=0)
+    _merged(tmp_path)
+    waiting = json.loads((tmp_path / "rank-0" / "findings.json").read_text())["summary"]
+    slow = json.loads((tmp_path / "rank-1" / "findings.json").read_text())["summary"]
+    assert waiting["verdict"].startswith("This rank waits 12.0 ms of each 20.0 ms step for rank 1 in collectives: "
+                                         "GD601 in the job's report.")
+    assert waiting["healthy"] is False and waiting["status"] == "problems"
+    assert not slow["verdict"].startswith("This rank waits")
+
+
+def test_a_rank_shares_its_hosts_cores_with_the_others_in_its_worker_count(tmp_path: Path) -> None:
+    """32 cores and two ranks: rank 1's loader fix suggests at most 15 workers (its 16 cores, one kept for itself)."""
+    _rank_with_workers(tmp_path, 0, worker_cores=0.1, data_wait_s=0.0, compute=(0.0, 0.005),
+                       allreduce=(0.005, 0.019), workers=2)
+    b = BundleBuilder(tmp_path / "rank-1", pid=4100)
+    b.env(cores=32, ranks_on_host=2)
+    b.loader(num_workers=0)
+    for step in b.steps(STEPS, wall_s=0.2, data_wait_s=0.19):
+        b.kernels([(step, 0.19, 0.005, "sm90_xmma_gemm_f32f32_tf32f32_f32_nn")])
+    b.write()
+    loader = next(f for f in _merged(tmp_path) if f["code"] == "GD101")
+    evidence = {e["name"]: e["value"] for e in loader["evidence"]}
+    assert "num_workers=15" in loader["fix"]
+    assert (evidence["cores available"], evidence["ranks on this host"], evidence["cores per rank"]) == (32, 2, 16.0)

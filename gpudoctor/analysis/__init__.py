@@ -7,6 +7,7 @@ most are defined in `gpudoctor.analysis.views`.
 from gpudoctor.analysis.batch_growth import BatchGrowth
 from gpudoctor.analysis.data_wait import DataWait
 from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
 from gpudoctor.analysis.run import NotEvaluated, Run
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
@@ -30,5 +31,5 @@ from gpudoctor.analysis.views import (
 __all__ = [
     "BatchGrowth", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo",
     "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite",
-    "ThreadInfo", "WindowInfo",
+    "ThreadInfo", "WindowInfo", "cores_per_rank", "loader_limit_s", "loader_workers", "worker_cpu_per_batch_s",
 ]

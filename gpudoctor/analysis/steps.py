@@ -43,7 +43,8 @@ class StepBuilder:
             copy_s=sum(c.host_s for c in event.copies) if event.copies is not None else None,
             sync_s=sum(s.host_s for s in event.syncs) if event.syncs is not None else None,
             gil=gil_stats(event.gil), cuda_memory=event.cuda_memory, backwards=event.backwards,
-            forwards=event.forwards, last_backward=event.last_backward_t, ends_run=event.ends_run,
+            forwards=event.forwards, batches=event.batches, last_backward=event.last_backward_t,
+            ends_run=event.ends_run,
             **self._gpu_fields(start, start + wall, trace_range is not None),
         )
 

@@ -67,6 +67,7 @@ class Step:
     cuda_memory: CudaMemory | None = None
     backwards: int = 0  # backward() calls in the step
     forwards: int = 0  # calls of the outermost model in the step (0 where the bundle did not count them)
+    batches: int = 0  # DataLoader batches the step took (0 from a bare trace, which does not count them)
     last_backward: float | None = None  # when the last of several backward() calls started (accumulation)
     ends_run: bool = False  # closed by the script's end, not by the next step: its time is not the loop's
 

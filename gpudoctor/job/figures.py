@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from gpudoctor.analysis import Run
+from gpudoctor.analysis import Run, loader_limit_s, worker_cpu_per_batch_s
 from gpudoctor.analysis.collectives import collective_s_per_step, exposed_per_step
 from gpudoctor.report.document import RankJson
 
@@ -39,6 +39,9 @@ class RankFigures:
     collective_before_last_backward_s: float | None = None  # those all-reduces whole, overlapped or not
     backwards: int = 0  # backward() calls per step (median)
     step_s: float | None = None  # the rank's step at its pace, which its savings are of (its report's step_s)
+    num_workers: int | None = None  # its main DataLoader's workers (None: no DataLoader)
+    worker_cpu_per_batch_s: float | None = None  # the CPU its loader's workers spend on one batch
+    loader_limit_s: float | None = None  # the shortest step its loader's workers can feed (analysis.loader_cpu)
 
     def to_json(self) -> RankJson:
         return {
@@ -46,7 +49,9 @@ class RankFigures:
             "data_wait_s": self.data_wait_s,
             "collective_s": self.collective_s, "collective_wait_s": self.collective_wait_s,
             "exposed_collective_s": self.exposed_s,
-            "gpu_idle_s": self.gpu_idle_s, "steps_analysed": self.steps_analysed, "ending": self.ending,
+            "gpu_idle_s": self.gpu_idle_s, "num_workers": self.num_workers,
+            "worker_cpu_per_batch_s": self.worker_cpu_per_batch_s, "loader_limit_s": self.loader_limit_s,
+            "steps_analysed": self.steps_analysed, "ending": self.ending,
             "exit_status": self.exit_status, "bundle": self.bundle,
         }
 
@@ -68,6 +73,8 @@ def rank_figures(rank: int, run: Run, median_step_s: float | None, step_s: float
         gpu_idle_s=_median([s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]),
         gpu_compute_s=_median([max(0.0, s.gpu_compute_s - c) for s, c in zip(steps, collective or [0.0] * len(steps))
                                if s.gpu_compute_s is not None]),  # the collectives' kernels left out
+        num_workers=run.loader.main.num_workers if run.loader.main is not None else None,
+        worker_cpu_per_batch_s=worker_cpu_per_batch_s(run), loader_limit_s=loader_limit_s(run),
         steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
         exit_status=exit_info.status if exit_info else None, bundle=bundle,
     )

@@ -24,7 +24,7 @@ from gpudoctor.errors import BundleError
 from gpudoctor.job.figures import rank_figures, with_waits
 from gpudoctor.job.layout import job_bundles
 from gpudoctor.job.model import Job, RankRun
-from gpudoctor.job.report import build_job_report
+from gpudoctor.job.report import build_job_report, with_wait
 from gpudoctor.report import build_report
 from gpudoctor.report.document import NotMeasuredRow, Report
 
@@ -33,12 +33,13 @@ from gpudoctor.report.document import NotMeasuredRow, Report
 class RankDiagnosis:
     rank: RankRun
     result: EngineResult  # its own rules' findings, not-evaluated rows and errors
-    report: Report  # the rank's own report, as written into its bundle
+    report: Report  # the rank's own report, before the job's wait is said in it
 
 
 def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path | None = None) -> Report:
     """The merged report of the rank bundles in `paths` (one run directory per node), to be written into
-    `out_dir` (default: the first path). Each rank's own findings.json and report.html are written again.
+    `out_dir` (default: the first path). Each rank's own findings.json and report.html are written again, a rank
+    that waits for another saying so first.
 
     Raises BundleError when no rank bundle can be read at all.
     """
@@ -58,7 +59,10 @@ def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path |
     result = run_job_rules(job, prepared)
     docs = {r.code: r.doc for r in prepared.rules}
     merged = merged_findings(job, result, [d.result for d in diagnosed])
-    return build_job_report(job, {d.rank.rank: d.report for d in diagnosed}, merged, docs, out_dir, unreadable)
+    reports = {d.rank.rank: with_wait(d.report, job, result.findings, d.rank.rank) for d in diagnosed}
+    for d in diagnosed:
+        write_outputs(reports[d.rank.rank], Path(d.rank.figures.bundle))
+    return build_job_report(job, reports, merged, docs, out_dir, unreadable)
 
 
 def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDiagnosis:
@@ -66,7 +70,6 @@ def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDi
     diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
     report = build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules},
                           diagnosis.windows)
-    write_outputs(report, bundle)
     figures = rank_figures(number, diagnosis.run, report["run"]["median_step_s"], report["run"]["step_s"],
                            os.fspath(bundle))
     return RankDiagnosis(RankRun(number, diagnosis.run, figures, diagnosis.result.findings), diagnosis.result, report)

@@ -97,3 +97,25 @@ def _crash(rank_run: RankRun) -> str:
         said = f": {message[0][:200]}" if message else ""
         return f"Rank {rank_run.rank} raised {exception.exception}{said}".rstrip(".") + "."
     return f"Rank {rank_run.rank} ended by {rank_run.figures.ending}{status}."
+
+
+def with_wait(report: Report, job: Job, job_findings: list[FindingRecord], rank: int) -> Report:
+    """A rank's own report, its verdict first saying whom it waits for in collectives and how long, when the job's
+    straggler finding names another rank: a rank that spends its step waiting is not healthy."""
+    straggler = next((f for f in job_findings if f.category == "straggler"), None)
+    slow = _evidence(straggler, "slow rank") if straggler is not None else None
+    figures = job.rank(rank).figures
+    if straggler is None or slow is None or slow == rank or not figures.collective_wait_s:
+        return report
+    step = figures.step_s or figures.median_step_s
+    of_step = f" of each {step * 1e3:.1f} ms step" if step else ""
+    said = (f"This rank waits {figures.collective_wait_s * 1e3:.1f} ms{of_step} for rank {slow} in collectives: "
+            f"{straggler.code} in the job's report.")
+    summary = report["summary"]
+    status: Status = "problems" if summary["status"] in ("healthy", "partial") else summary["status"]
+    return {**report, "summary": {**summary, "verdict": f"{said} {summary['verdict']}", "healthy": False,
+                                  "status": status}}
+
+
+def _evidence(finding: FindingRecord, name: str) -> object:
+    return next((e.value for e in finding.evidence if e.name == name), None)

@@ -120,6 +120,9 @@ class RankJson(TypedDict):
     collective_wait_s: float | None
     exposed_collective_s: float | None
     gpu_idle_s: float | None
+    num_workers: int | None
+    worker_cpu_per_batch_s: float | None
+    loader_limit_s: float | None
     steps_analysed: int
     ending: str | None
     exit_status: int | None

@@ -110,7 +110,7 @@ def process_facts(spec: BundleSpec) -> ProcessFacts:
     return ProcessFacts(
         pid=pid, python=e.python, implementation="CPython", executable="/usr/bin/python3", gil_enabled=e.gil_enabled,
         cpu_count=spec.cpu_count, affinity=spec.affinity, start_method=e.start_method,
-        switch_interval_s=e.switch_interval_s, main_native_id=pid,
+        switch_interval_s=e.switch_interval_s, main_native_id=pid, local_world_size=e.ranks_on_host,
     )
 
 

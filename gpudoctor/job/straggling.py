@@ -1,0 +1,84 @@
+"""The rank a job's other ranks wait for, step by step, and what the job's step becomes once it no longer makes
+them wait.
+
+Under DDP every rank meets the others in the gradients' all-reduce each step; a late rank makes the others wait
+there. Which rank is late, and by how much, comes from each rank's time in collectives per step (`RankFigures.
+collective_by_step`): the late one spends the least there.
+
+Once the late rank's own cause is fixed, the others no longer wait, but the job's step does not fall to what
+they compute: their own limits were hidden behind the wait. A rank's loader workers deliver a batch no faster
+than their CPU per batch over the workers with a core of their own (`RankFigures.loader_limit_s`), and the late
+rank, given the others' loader settings, is held to the same. The job's step after the fix is the longest of
+those limits and of the ranks' steps without their wait.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from gpudoctor.analysis import NotEvaluated
+from gpudoctor.job.figures import RankFigures
+from gpudoctor.job.model import Job, RankRun
+
+
+@dataclass(frozen=True)
+class Straggling:
+    """The rank the others wait for, step by step: `slow` spends the least time in collectives in `slow_steps` of
+    the `steps` every rank analysed, and the others wait `wait_s` for it (median over those steps of the least
+    wait among them) in steps of `step_s` (the median of those steps on the waiting ranks)."""
+
+    slow: RankRun
+    others: list[RankFigures]
+    slow_steps: int
+    steps: int
+    wait_s: float
+    step_s: float
+
+    @property
+    def consistency(self) -> float:
+        return self.slow_steps / self.steps
+
+
+def straggling(job: Job, min_steps: int = 3) -> Straggling:
+    measured = [r for r in job.ranks if r.figures.collective_by_step]
+    if len(measured) < 2:
+        raise NotEvaluated("fewer than two ranks show collectives in their traces")
+    common = sorted(set.intersection(*(set(r.figures.collective_by_step) for r in measured)))
+    if len(common) < min_steps:
+        raise NotEvaluated(f"the ranks analysed fewer than {min_steps} steps in common")
+    least = [min(measured, key=lambda r: r.figures.collective_by_step[step]) for step in common]
+    slow = max(measured, key=least.count)  # the rank that is most often the last to arrive
+    others = [r.figures for r in measured if r is not slow]
+    waits = [min(f.collective_by_step[step] for f in others) - slow.figures.collective_by_step[step]
+             for step in common]
+    # The same steps' wall time on the waiting ranks: a wait is a share of these, not of a median taken over
+    # other steps (those outside a window that slowed its steps are shorter).
+    in_common = set(common)
+    walls = [[s.wall_s for s in r.run.steps if s.index in in_common] for r in measured if r is not slow]
+    step_s = statistics.median(statistics.median(w) for w in walls if w) if any(walls) else 0.0
+    return Straggling(slow, others, least.count(slow), len(common), max(0.0, statistics.median(waits)), step_s)
+
+
+@dataclass(frozen=True)
+class JobAfterFix:
+    """The job's step once the late rank no longer makes the others wait: `step_s`, set by `limited_by`
+    ("rank 0's loader: 6 workers, 110 ms of CPU per batch" or "the ranks' own work")."""
+
+    step_s: float
+    limited_by: str
+
+
+def job_after_fix(found: Straggling) -> JobAfterFix:
+    """The waiting ranks' step without the wait, or their loaders' limit where that is longer (the late rank, given
+    their loader settings, has the same limit)."""
+    unwaited = max(0.0, found.step_s - found.wait_s)
+    limits = [(f.loader_limit_s, f) for f in found.others if f.loader_limit_s is not None]
+    if not limits:
+        return JobAfterFix(unwaited, "the ranks' own work")
+    limit, figures = max(limits, key=lambda pair: pair[0])
+    if limit <= unwaited:
+        return JobAfterFix(unwaited, "the ranks' own work")
+    cpu_ms = (figures.worker_cpu_per_batch_s or 0.0) * 1e3
+    return JobAfterFix(limit, f"rank {figures.rank}'s loader: {figures.num_workers} workers, {cpu_ms:.0f} ms of CPU "
+                              "per batch")
