@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
-from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_workers
+from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_setting, loader_workers
 
 
 def _loader(run: Run) -> LoaderInfo:
@@ -71,7 +71,11 @@ def _loader_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
                 "per batch instead of one per sample (workers would add the cost of sending each batch between "
                 "processes)")
     pinning = " pin_memory=True," if pin and not loader.pin_memory else ""
-    return f"DataLoader(..., num_workers={workers},{pinning} persistent_workers=True){where}"
+    torch_call = f"DataLoader(..., num_workers={workers},{pinning} persistent_workers=True)"
+    setting = loader_setting(loader, workers, pin)
+    if setting is not None:  # the Trainer builds the loader from its arguments: they are what the script sets
+        return f"{setting}{where}: the Trainer then builds {torch_call}"
+    return f"{torch_call}{where}"
 
 
 def _indexes_tensors_per_sample(loader: LoaderInfo) -> bool:

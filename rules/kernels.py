@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
-from gpudoctor.analysis import BatchGrowth
+from gpudoctor.analysis import BatchGrowth, batch_setting, compile_setting
 
 # The start of GD301's evidence key for the saving per sample of a larger batch (bench/validate_impacts.py reads it).
 SAMPLE_SAVING = "saving per sample"
@@ -82,18 +82,22 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     yield Finding(
         f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
         impact=impact, location=(loader.location if loader else None) or run.forward_location,
-        evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(batch, growth, headroom)}",
+        evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(run, batch, growth, headroom)}",
     )
 
 
-def _larger_batch(batch: int | None, growth: BatchGrowth | None, headroom: float | None) -> str:
-    """The batch to try, and what it would save per sample."""
+def _larger_batch(run: Run, batch: int | None, growth: BatchGrowth | None, headroom: float | None) -> str:
+    """The batch to try, and what it would save per sample; where the framework sets the batch, its setting."""
     if growth is None:
         full = headroom is not None and headroom < 2
-        return "raise the batch size" + (" (the device's memory has room for little more)" if full else "")
+        setting = batch_setting(run, None)
+        return ("raise the batch size" + (f" ({setting})" if setting else "")
+                + (" (the device's memory has room for little more)" if full else ""))
     size = f"to about {batch * growth.factor}" if batch else f"about {growth.factor}×"
+    setting = batch_setting(run, batch * growth.factor if batch else None)
     limit = ", as far as the device's memory allows" if growth.memory_bound else ""
-    return f"raise the batch size {size}{limit}: ~{growth.sample_saving:.0%} less time per sample (est.)"
+    return (f"raise the batch size {size}{f' ({setting})' if setting else ''}{limit}: "
+            f"~{growth.sample_saving:.0%} less time per sample (est.)")
 
 
 def _fewer_launches(run: Run) -> str:
@@ -103,4 +107,7 @@ def _fewer_launches(run: Run) -> str:
                 "torch.compile a function that calls optimizer.step())")
     if run.forward_module == "OptimizedModule":
         return 'replay the compiled model as CUDA graphs: torch.compile(model, mode="reduce-overhead")'
+    setting = compile_setting(run)
+    if setting is not None:
+        return f"compile the model to fuse kernels: {setting}"
     return "wrap the model in torch.compile(model) to fuse kernels"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RUN_TIMEOUT_S, WINDOW, Gpudoctor, Result, checked_findings, env_with, script
-from gpudoctor.bundle.events import ProcessEvent, RankEvent, StepEvent
+from gpudoctor.bundle.events import LoaderEvent, ProcessEvent, RankEvent, StepEvent
 
 
 def _free_port() -> str:
@@ -100,6 +100,34 @@ def test_lightning_ddp_profiles_the_ranks_lightning_starts(gd: Gpudoctor, strate
     assert (result.run_dir / "launcher").is_dir() == (strategy == "ddp_spawn")
     joined = [e for e in result.events(RankEvent, "rank-1") if e.source == "init_process_group"]
     assert [(e.rank, e.world_size) for e in joined] == [(1, 2)]
+
+
+TRAIN_DATALOADER_LINE = 29  # tests/scripts/lightning_train.py: `return DataLoader(self.data, batch_size=32)`
+TRAINER_TRAIN_LINE = 42  # tests/scripts/hf_trainer.py: `result = trainer.train()`
+
+
+def test_a_loader_lightning_rebuilds_keeps_the_line_that_made_it(tmp_path: Path) -> None:
+    """Under DDP Lightning builds the loader again with a DistributedSampler: the line to change is still the
+    script's own DataLoader(...) in train_dataloader()."""
+    result = Gpudoctor(tmp_path).profile(script("lightning_train.py"), "--strategy", "ddp", "--devices", "2",
+                                         "--steps", "8")
+    assert result.returncode == 0, result
+    for rank in (0, 1):
+        [loader] = result.events(LoaderEvent, f"rank-{rank}")
+        assert (loader.sampler, loader.made_by) == ("DistributedSampler", "lightning")
+        assert loader.site is not None and (Path(loader.site.file).name, loader.site.line) == (
+            "lightning_train.py", TRAIN_DATALOADER_LINE)
+
+
+def test_the_trainers_loader_is_fixed_through_its_arguments(gd: Gpudoctor) -> None:
+    result = gd.profile(script("hf_trainer.py"), "--steps", "16", "--sample-ms", "4")
+    assert result.returncode == 0, result
+    starved = next(f for f in result.findings()["findings"] if f["code"] == "GD101")
+    assert starved["fix"].startswith("TrainingArguments(dataloader_num_workers=")
+    assert "dataloader_persistent_workers=True" in starved["fix"] and "the Trainer then builds DataLoader(" in starved[
+        "fix"]
+    assert (Path(starved["location"]["file"]).name, starved["location"]["line"]) == ("hf_trainer.py",
+                                                                                     TRAINER_TRAIN_LINE)
 
 
 def test_hugging_face_trainer(gd: Gpudoctor) -> None:

@@ -259,6 +259,20 @@ def test_launch_bound_fix_builds_on_what_the_step_does_already(tmp_path, module,
     assert advice in finding["fix"]
 
 
+@pytest.mark.parametrize(("frameworks", "advice"), [
+    (["transformers"], "compile the model to fuse kernels: TrainingArguments(torch_compile=True)"),
+    (["lightning"], "compile the model to fuse kernels: model = torch.compile(model) before trainer.fit(model)"),
+])
+def test_launch_bound_fix_names_the_frameworks_setting(tmp_path, frameworks, advice) -> None:
+    b = _launch_bound(tmp_path, "BertForSequenceClassification")
+    b.loader(batch_size=4)
+    b.env(frameworks=frameworks)
+    [finding] = assert_fires("GD301", b.build(), count=1)
+    assert finding["fix"].startswith(advice)
+    per_device = "TrainingArguments(per_device_train_batch_size=" in finding["fix"]
+    assert per_device == (frameworks == ["transformers"])
+
+
 def test_a_sync_that_torch_amp_makes_for_the_line_gets_its_own_fix(tmp_path) -> None:
     b = BundleBuilder(tmp_path)
     b.steps(5, wall_s=0.1)

@@ -6,6 +6,7 @@ most are defined in `gpudoctor.analysis.views`.
 
 from gpudoctor.analysis.batch_growth import BatchGrowth
 from gpudoctor.analysis.data_wait import DataWait
+from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader_setting
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
 from gpudoctor.analysis.run import NotEvaluated, Run
@@ -31,5 +32,6 @@ from gpudoctor.analysis.views import (
 __all__ = [
     "BatchGrowth", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo",
     "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite",
-    "ThreadInfo", "WindowInfo", "cores_per_rank", "loader_limit_s", "loader_workers", "worker_cpu_per_batch_s",
+    "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
+    "loader_setting", "loader_workers", "worker_cpu_per_batch_s",
 ]

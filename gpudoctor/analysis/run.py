@@ -510,6 +510,7 @@ class Run:
             python=process.python or manifest.python, torch=torch.version, cuda_build=torch.cuda_build,
             driver=manifest.driver, gpus=manifest.gpus, cuda_device=window.cuda_device,
             switch_interval_s=process.switch_interval_s, ranks_on_host=max(1, process.local_world_size or 1),
+            frameworks=tuple(window.frameworks or ()),
         )
 
     @cached_property
@@ -525,5 +526,5 @@ def _loader_info(e: LoaderEvent) -> LoaderInfo:
         location=Location.from_site(e.site), num_workers=e.num_workers, pin_memory=e.pin_memory,
         batch_size=e.batch_size, prefetch_factor=e.prefetch_factor, persistent_workers=e.persistent_workers,
         dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method, sampler=e.sampler,
-        drop_last=e.drop_last,
+        drop_last=e.drop_last, made_by=e.made_by,
     )

@@ -98,6 +98,7 @@ class LoaderInfo:
     start_method: str | None
     sampler: str | None = None
     drop_last: bool = False
+    made_by: str | None = None  # the library that built it ("transformers": the Trainer's), None for the script
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,7 @@ class Env:
     cuda_device: CudaDevice | None  # the one the script trains on, as torch saw it
     switch_interval_s: float | None = None  # how long a Python thread may hold the GIL before it is asked to let go
     ranks_on_host: int = 1  # a torchrun job's ranks on this host (LOCAL_WORLD_SIZE), each with the same threads
+    frameworks: tuple[str, ...] = ()  # "lightning", "transformers" (its Trainer), "accelerate": what the script runs on
 
 
 @dataclass(frozen=True)

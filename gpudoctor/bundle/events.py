@@ -58,6 +58,8 @@ class WindowFacts(Record, frozen=True):
     inter_op_threads: int | None = None
     cuda_initialized: bool | None = None
     cuda_device: CudaDevice | None = None
+    # The training frameworks the script runs through: "lightning", "transformers" (its Trainer), "accelerate"
+    frameworks: list[str] | None = None
 
 
 # -- what a step accumulates -------------------------------------------------------------------------
@@ -193,6 +195,8 @@ class LoaderEvent(Record, Event, tag="loader", frozen=True):
     dataset_len: int | None = None
     start_method: str | None = None
     sampler: str | None = None  # its sampler's class: RandomSampler for shuffle=True, SequentialSampler by default
+    # The library that built it (its top-level package: "transformers" for the Trainer's), None for the script
+    made_by: str | None = None
     t: float | None = None
 
 

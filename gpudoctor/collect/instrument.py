@@ -58,9 +58,9 @@ class Instrumentation:
         self._local = threading.local()  # per-thread: the optimizer step's start, re-entrancy guard
         self._host_lines = HostLines(recorder.config.gil_probe_interval_s)
         self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay, self._host_lines.sample)
-        # What gpudoctor learns of the script's loaders, held beside them and never on them: where each was made,
-        # and the number its loader event gives it once it is first iterated.
-        self._loader_sites: weakref.WeakKeyDictionary[Any, Site | None] = weakref.WeakKeyDictionary()
+        # What gpudoctor learns of the script's loaders, held beside them and never on them: where each was made
+        # (and by which library), and the number its loader event gives it once it is first iterated.
+        self._loader_sites: weakref.WeakKeyDictionary[Any, LoaderOrigin] = weakref.WeakKeyDictionary()
         self._loader_numbers: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         recorder.on_window_change(self._on_window_change)
 
@@ -168,14 +168,18 @@ class Instrumentation:
                 numbers[loader] = number = len(numbers)
             except TypeError:
                 number = len(numbers)
-            recorder.emit(_loader_event(loader, number, _site_of(sites, loader)))
+            recorder.emit(_loader_event(loader, number, _origin_of(sites, loader)))
 
         def make_init(original: Any) -> Any:
             def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
                 original(loader, *args, **kwargs)
-                quietly(sites.__setitem__, loader, user_location())
+                quietly(remember, loader, sys._getframe(1))
 
             return __init__
+
+        def remember(loader: Any, caller: FrameType) -> None:
+            if loader not in sites:  # a subclass's __init__ calls this one's: its caller is the one to keep
+                sites[loader] = _loader_origin(caller, sites)
 
         def make_iter(original: Any) -> Any:
             def __iter__(loader: Any) -> Any:
@@ -492,17 +496,52 @@ def _start_method(process: Any) -> str | None:
     return getattr(process, "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
 
 
-def _site_of(sites: weakref.WeakKeyDictionary[Any, Site | None], loader: Any) -> Site | None:
+LoaderOrigin = tuple["Site | None", "str | None"]  # where a DataLoader was made, and the library that made it
+FRAMES_SEARCHED = 30  # how far up from a library's DataLoader() the loader it re-creates is looked for
+
+
+def _loader_origin(caller: FrameType, sites: weakref.WeakKeyDictionary[Any, LoaderOrigin]) -> LoaderOrigin:
+    """Where a DataLoader was made: the user's line that led to it and the library that called DataLoader() (None
+    when the user's code did). A library that re-creates a loader the script made (Lightning adds a distributed
+    sampler, Accelerate shards it) holds the script's loader in a frame on the way: the new one keeps its origin,
+    the line where the script set its settings."""
+    user = user_frame_from(caller)
+    if user is caller or caller.f_code.co_filename.startswith("<"):
+        return location(user), None
+    made_by = str(caller.f_globals.get("__name__", "")).split(".")[0] or None
+    frame: FrameType | None = caller
+    for _ in range(FRAMES_SEARCHED):
+        if frame is None or frame is user:
+            break
+        for value in list(frame.f_locals.values()):
+            try:
+                known = sites.get(value) if isinstance(value, _dataloader_class()) else None
+            except TypeError:
+                known = None
+            if known is not None:
+                return known[0], known[1] or made_by
+        frame = frame.f_back
+    return location(user), made_by
+
+
+def _dataloader_class() -> type:
+    from torch.utils.data import DataLoader
+
+    return DataLoader
+
+
+def _origin_of(sites: weakref.WeakKeyDictionary[Any, LoaderOrigin], loader: Any) -> LoaderOrigin:
     try:
-        return sites.get(loader)
-    except TypeError:  # a loader that cannot be kept had its site left out
-        return None
+        return sites.get(loader) or (None, None)
+    except TypeError:  # a loader that cannot be kept had its origin left out
+        return None, None
 
 
-def _loader_event(loader: Any, number: int, site: Site | None) -> LoaderEvent:
+def _loader_event(loader: Any, number: int, origin: LoaderOrigin) -> LoaderEvent:
     context = loader.multiprocessing_context
+    site, made_by = origin
     return LoaderEvent(
-        loader_id=number, site=site, num_workers=loader.num_workers,
+        loader_id=number, site=site, made_by=made_by, num_workers=loader.num_workers,
         pin_memory=loader.pin_memory, batch_size=loader.batch_size, prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers, drop_last=loader.drop_last,
         dataset=type(loader.dataset).__qualname__, dataset_len=_safe_len(loader.dataset),
@@ -529,4 +568,14 @@ def _torch_runtime_facts() -> EnvWindowEvent:
         device = CudaDevice(index=index, name=props.name, total_memory=total, free_memory=free,
                             capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count)
     return EnvWindowEvent(intra_op_threads=torch.get_num_threads(), inter_op_threads=torch.get_num_interop_threads(),
-                          cuda_initialized=torch.cuda.is_initialized(), cuda_device=device)
+                          cuda_initialized=torch.cuda.is_initialized(), cuda_device=device,
+                          frameworks=_frameworks() or None)
+
+
+# A framework the script trains through, by a module that is imported only when it is used (its trainer's)
+FRAMEWORK_MODULES = {"lightning": ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer"),
+                     "transformers": ("transformers.trainer",), "accelerate": ("accelerate.accelerator",)}
+
+
+def _frameworks() -> list[str]:
+    return [name for name, modules in FRAMEWORK_MODULES.items() if any(m in sys.modules for m in modules)]

@@ -288,7 +288,8 @@ class BundleBuilder:
         """Where the script ran: cores (available to it), cpu_count (the host's; default cores), affinity,
         memory_total, gil_enabled, start_method, intra_op_threads, inter_op_threads, python, torch,
         cuda_build, driver, gpus (NVML descriptions), cuda_device (torch's, in the window), cuda_initialized,
-        switch_interval_s, ranks_on_host (a job's rank: the ranks that share its host)."""
+        switch_interval_s, ranks_on_host (a job's rank: the ranks that share its host), frameworks ("lightning",
+        "transformers" for its Trainer, "accelerate")."""
         self._spec.env = given.with_env(self._spec.env, facts)
         return self
 

@@ -127,5 +127,5 @@ def window_facts(spec: BundleSpec) -> WindowFacts:
     return WindowFacts(
         intra_op_threads=e.intra_op_threads if e.intra_op_threads is not None else e.cores,
         inter_op_threads=e.inter_op_threads if e.inter_op_threads is not None else e.cores,
-        cuda_initialized=initialized, cuda_device=device if initialized else None,
+        cuda_initialized=initialized, cuda_device=device if initialized else None, frameworks=e.frameworks,
     )

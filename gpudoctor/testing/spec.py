@@ -165,6 +165,7 @@ class EnvSpec:
     cuda_initialized: bool | None = None
     switch_interval_s: float | None = 0.005
     ranks_on_host: int | None = None  # a rank of a job: how many ranks share its host (LOCAL_WORLD_SIZE)
+    frameworks: list[str] | None = None  # "lightning", "transformers" (its Trainer), "accelerate"
 
 
 @dataclass

@@ -16,13 +16,17 @@ def say(line: str) -> None:
 
 
 class Regression(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, data: TensorDataset) -> None:
         super().__init__()
+        self.data = data
         self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data, batch_size=32)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -44,4 +48,4 @@ if __name__ == "__main__":
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.steps,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, callbacks=[Report()])
-    trainer.fit(Regression(), DataLoader(data, batch_size=32))
+    trainer.fit(Regression(data))
