@@ -161,6 +161,28 @@ def test_max_steps_stops_every_rank(gd: Gpudoctor) -> None:
         assert manifest["exit"]["ending"] == "max_steps" and manifest["exit"]["steps"] == 8
 
 
+def test_timeout_stops_every_rank(gd: Gpudoctor) -> None:
+    result = gd.run("profile", "--out", "run", *WINDOW, "--timeout", "12", script("spawn_ddp.py"), "--steps",
+                    "1000000")
+    assert result.returncode == 124, result
+    for rank in (0, 1):
+        manifest = json.loads((result.run_dir / f"rank-{rank}" / "manifest.json").read_text())
+        assert manifest["exit"] is None or manifest["exit"]["ending"] != "completed", manifest["exit"]
+        assert (result.run_dir / f"rank-{rank}" / "trace.json.gz").is_file()
+    assert checked_findings(result.run_dir / "findings.json")["run"]["world_size"] == 2
+
+
+def test_a_crashing_rank_is_named_and_the_others_bundles_are_kept(gd: Gpudoctor) -> None:
+    result = gd.run("profile", "--out", "run", *WINDOW, script("spawn_ddp.py"), "--steps", "12", "--crash-rank", "1")
+    plain = _plain(gd, script("spawn_ddp.py"), "--steps", "12", "--crash-rank", "1")
+    assert result.returncode == plain.returncode == 1, (plain.stderr[-2000:], result)
+    crashed = json.loads((result.run_dir / "rank-1" / "manifest.json").read_text())["exit"]
+    assert crashed["ending"] == "exception" and crashed["exception"]["exception"] == "RuntimeError"
+    assert (result.run_dir / "rank-0" / "manifest.json").is_file()
+    verdict = checked_findings(result.run_dir / "findings.json")["summary"]["verdict"]
+    assert verdict.startswith("Rank 1 raised RuntimeError: rank 1 crashed on purpose."), verdict
+
+
 @pytest.mark.parametrize("form", ["outer", "inner"])
 def test_torchrun_either_way_round(gd: Gpudoctor, form: str) -> None:
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]

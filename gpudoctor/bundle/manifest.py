@@ -78,6 +78,7 @@ class ExitInfo(Record, frozen=True):
     signal: str | None = None
     steps: Count | None = None
     exception: ExceptionInfo | None = None
+    ended: float | None = None  # when its process said it ended (time.time()); None when it could not say
 
 
 class ChildFacts(Record, frozen=True):

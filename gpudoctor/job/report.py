@@ -75,7 +75,8 @@ def _summary(job: Job, findings: list[FindingRecord], not_measured: list[NotMeas
 def job_verdict(job: Job, problems: list[FindingRecord], stepped: bool, status: Status) -> str:
     """The crash first, then the largest problem, then how many there are."""
     ranks = f"{job.world_size} rank{'' if job.world_size == 1 else 's'}"
-    failed = failed_ranks(job)
+    # The first to fail first: the others' failures often follow from it (gloo's "Connection closed by peer").
+    failed = sorted(failed_ranks(job), key=_ended)
     crash = " ".join(_crash(r) for r in failed)
     if not stepped:
         said = f"{ranks}; no training step was detected, so there is no step time to break down."
@@ -86,6 +87,12 @@ def job_verdict(job: Job, problems: list[FindingRecord], stepped: bool, status: 
         more = f"; {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''}" if len(problems) > 1 else ""
         said = f"{ranks}; {largest.title}{more}."
     return f"{crash} {said}" if crash else said
+
+
+def _ended(rank_run: RankRun) -> tuple[float, int]:
+    exit_info = rank_run.run.manifest.exit
+    ended = exit_info.ended if exit_info is not None else None
+    return (ended if ended is not None else float("inf"), rank_run.rank)
 
 
 def _crash(rank_run: RankRun) -> str:

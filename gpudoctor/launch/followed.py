@@ -272,4 +272,5 @@ def _exit_of(end: EndEvent | None) -> ExitInfo | None:
     signal_name = "SIGTERM" if end.reason == "terminated" else "SIGINT" if end.reason == "interrupted" else None
     status = end.code if end.code is not None else (128 + signal.Signals[signal_name] if signal_name else None)
     return ExitInfo(ending=ending, status=status, signal=signal_name, steps=end.steps,
-                    exception=ExceptionInfo(exception=end.exception, message=end.message, where=end.where))
+                    exception=ExceptionInfo(exception=end.exception, message=end.message, where=end.where),
+                    ended=end.t)

@@ -148,6 +148,7 @@ def exit_info(end: EndEvent | None, ending: str, status: int, returncode: int) -
         signal=signal.Signals(-returncode).name if returncode < 0 else None,
         steps=end.steps if end else None,
         exception=ExceptionInfo(exception=end.exception, message=end.message, where=end.where) if end else None,
+        ended=end.t if end else None,
     )
 
 

@@ -20,7 +20,7 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def train(rank: int, world_size: int, steps: int) -> None:
+def train(rank: int, world_size: int, steps: int, crash_rank: int | None = None) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
@@ -29,14 +29,17 @@ def train(rank: int, world_size: int, steps: int) -> None:
     data = TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
     loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, world_size, rank))
     done = 0
-    for x, y in loader:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        done += 1
-        if done == steps:
-            break
+    while done < steps:  # epochs, until `steps` steps
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            done += 1
+            if rank == crash_rank and done == 4:
+                raise RuntimeError(f"rank {rank} crashed on purpose")
+            if done == steps:
+                break
     say(f"spawn_ddp: rank {rank} of {world_size} did {done} steps")
     dist.destroy_process_group()
 
@@ -51,6 +54,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--crash-rank", type=int, default=None, help="this rank raises at its 4th step")
     args = parser.parse_args()
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    mp.spawn(train, args=(args.nproc, args.steps), nprocs=args.nproc)
+    mp.spawn(train, args=(args.nproc, args.steps, args.crash_rank), nprocs=args.nproc)
