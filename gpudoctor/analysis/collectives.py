@@ -9,6 +9,7 @@ slowest rank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,6 +77,16 @@ def exposed_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[Exp
         exposed.append(Exposed(sum(bare for _, _, bare in pieces), sum(bare for _, _, bare in early),
                                sum(end - start for start, end, _ in early)))
     return exposed
+
+
+def collective_only_s(trace: TraceData | None) -> float:
+    """Seconds of the trace in collectives with no compute beside them: on a rank that waits for another, mostly
+    the wait, which is no work of its own GPU. 0 without collectives."""
+    spans = collective_spans(trace)
+    if spans is None or trace is None:
+        return 0.0
+    compute = compute_spans(trace)
+    return sum((end - start) - compute.covered(start, end) for start, end in spans.clipped(-math.inf, math.inf))
 
 
 def collective_s_per_step(trace: TraceData | None, steps: Sequence[Step]) -> list[float] | None:

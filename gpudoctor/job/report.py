@@ -111,13 +111,12 @@ def with_wait(report: Report, job: Job, job_findings: list[FindingRecord], rank:
     straggler finding names another rank: a rank that spends its step waiting is not healthy."""
     straggler = next((f for f in job_findings if f.category == "straggler"), None)
     slow = _evidence(straggler, "slow rank") if straggler is not None else None
-    figures = job.rank(rank).figures
-    if straggler is None or slow is None or slow == rank or not figures.collective_wait_s:
+    if straggler is None or slow is None or slow == rank:
         return report
-    step = figures.step_s or figures.median_step_s
-    of_step = f" of each {step * 1e3:.1f} ms step" if step else ""
-    said = (f"This rank waits {figures.collective_wait_s * 1e3:.1f} ms{of_step} for rank {slow} in collectives: "
-            f"{straggler.code} in the job's report.")
+    step, after = _evidence(straggler, "the job's step"), _evidence(straggler, "the job's step after the fix")
+    would = (f": the job's {step:.1f} ms step would take ~{after:.1f} ms without the wait"
+             if isinstance(step, (int, float)) and isinstance(after, (int, float)) else "")
+    said = f"This rank waits for rank {slow} in every collective{would} ({straggler.code} in the job's report)."
     summary = report["summary"]
     status: Status = "problems" if summary["status"] in ("healthy", "partial") else summary["status"]
     return {**report, "summary": {**summary, "verdict": f"{said} {summary['verdict']}", "healthy": False,

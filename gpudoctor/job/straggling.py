@@ -63,22 +63,25 @@ def straggling(job: Job, min_steps: int = 3) -> Straggling:
 @dataclass(frozen=True)
 class JobAfterFix:
     """The job's step once the late rank no longer makes the others wait: `step_s`, set by `limited_by`
-    ("rank 0's loader: 6 workers, 110 ms of CPU per batch" or "the ranks' own work")."""
+    ("rank 0's loader: 6 workers, 81 ms of CPU per batch", "rank 1's own work", "the others' own work")."""
 
     step_s: float
     limited_by: str
 
 
-def job_after_fix(found: Straggling) -> JobAfterFix:
-    """The waiting ranks' step without the wait, or their loaders' limit where that is longer (the late rank, given
-    their loader settings, has the same limit)."""
-    unwaited = max(0.0, found.step_s - found.wait_s)
-    limits = [(f.loader_limit_s, f) for f in found.others if f.loader_limit_s is not None]
-    if not limits:
-        return JobAfterFix(unwaited, "the ranks' own work")
-    limit, figures = max(limits, key=lambda pair: pair[0])
-    if limit <= unwaited:
-        return JobAfterFix(unwaited, "the ranks' own work")
-    cpu_ms = (figures.worker_cpu_per_batch_s or 0.0) * 1e3
-    return JobAfterFix(limit, f"rank {figures.rank}'s loader: {figures.num_workers} workers, {cpu_ms:.0f} ms of CPU "
-                              "per batch")
+def job_after_fix(found: Straggling, pace_s: float, slow_extra_s: float) -> JobAfterFix:
+    """The job's step, now `pace_s`, once the late rank's cause is gone: the late rank then takes `slow_extra_s`
+    less per step (its extra data wait, when that is the cause; else the others' wait); the others step without
+    their wait (as far as the profiled steps show it: a rank whose host runs ahead of its GPU times none of it),
+    their GPU's own work, and what their loaders can feed (the late rank, given the same settings, as well)."""
+    bounds = [(max(0.0, pace_s - slow_extra_s), f"rank {found.slow.rank}'s own work"),
+              (max(0.0, found.step_s - found.wait_s), "the others' own work")]
+    for figures in found.others:
+        if figures.gpu_compute_s is not None:
+            bounds.append((figures.gpu_compute_s, f"rank {figures.rank}'s GPU work"))
+        if figures.loader_limit_s is not None:
+            cpu_ms = (figures.worker_cpu_per_batch_s or 0.0) * 1e3
+            said = f"rank {figures.rank}'s loader: {figures.num_workers} workers, {cpu_ms:.0f} ms of CPU per batch"
+            bounds.append((figures.loader_limit_s, said))
+    step_s, limited_by = max(bounds, key=lambda bound: bound[0])
+    return JobAfterFix(min(step_s, pace_s), limited_by)
