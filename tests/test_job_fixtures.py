@@ -1,0 +1,84 @@
+"""The job rules on two-rank jobs recorded on two GPUs (fixtures/job_bundles/, fixtures/record_jobs.py): each
+pathological job's predicted saving against the speed-up its fixed twin measured, for every way its ranks were
+launched (torchrun around gpudoctor and inside it, torch.multiprocessing.spawn, Lightning's launcher), and the
+balanced twins stay quiet.
+
+The truth is fixtures/job_bundles/measurements.json: each job run plainly twice, every rank timing its own steps
+after the start-up; a job's step is its slowest rank's. Target: within ±30% of the measured gain, or ±0.05.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from gpudoctor.diagnose import RuleSelection, prepare_rules
+from gpudoctor.job.merge import diagnose_job
+
+JOBS = REPO / "fixtures" / "job_bundles"
+MEASURED = json.loads((JOBS / "measurements.json").read_text(encoding="utf-8"))["jobs"]
+RELATIVE, ABSOLUTE = 0.30, 0.05
+
+# (pathological job, its fixed twin, the rule whose saving the twin measures)
+PAIRS = [
+    ("job_loader_straggler_bad", "job_loader_straggler_fixed", "GD601"),
+    ("job_loader_straggler_inner_bad", "job_loader_straggler_fixed", "GD601"),
+    ("job_spawn_straggler_bad", "job_spawn_straggler_fixed", "GD601"),
+    ("job_lightning_straggler_bad", "job_lightning_straggler_fixed", "GD601"),
+    ("job_accumulate_bad", "job_accumulate_fixed", "GD602"),
+]
+BALANCED = sorted({fixed for _, fixed, _ in PAIRS})
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every recorded job diagnosed as one, from a copy (the diagnosis writes each rank's report into its bundle)."""
+    prepared = prepare_rules(RuleSelection())
+    found = {}
+    for name in {job for pair in PAIRS for job in pair[:2]}:
+        copy = tmp_path_factory.mktemp("jobs") / name
+        shutil.copytree(JOBS / name, copy)
+        found[name] = diagnose_job([copy], prepared)
+    return found
+
+
+def _measured_gain(bad: str, fixed: str) -> float:
+    return 1 - statistics.fmean(MEASURED[fixed]["plain"]["step_s"]) / statistics.fmean(MEASURED[bad]["plain"]["step_s"])
+
+
+@pytest.mark.parametrize(("bad", "fixed", "code"), PAIRS)
+def test_the_predicted_saving_holds_against_the_twin(merged: dict[str, dict], bad: str, fixed: str,
+                                                     code: str) -> None:
+    [finding] = [f for f in merged[bad]["findings"] if f["code"] == code]
+    predicted, measured = finding["impact"], _measured_gain(bad, fixed)
+    assert abs(predicted - measured) <= max(RELATIVE * measured, ABSOLUTE), (predicted, measured)
+
+
+@pytest.mark.parametrize("bad", [bad for bad, _, code in PAIRS if code == "GD601"])
+def test_the_straggler_is_named_with_its_loader_and_the_limit_behind_it(merged: dict[str, dict], bad: str) -> None:
+    straggler = merged[bad]["findings"][0]
+    evidence = {e["name"]: e["value"] for e in straggler["evidence"]}
+    assert straggler["code"] == "GD601" and evidence["slow rank"] == 1
+    assert evidence["cause"].startswith("its input pipeline (0 workers)")
+    assert evidence["then limited by"].startswith("rank 0's loader: 6 workers")
+    location = straggler["location"]
+    line = Path(location["file"]).read_text().splitlines()[location["line"] - 1]
+    assert Path(location["file"]).name == "ddp_loader_straggler.py" and "num_workers=0" in line
+
+
+@pytest.mark.parametrize("job", BALANCED)
+def test_a_balanced_job_has_no_job_finding(merged: dict[str, dict], job: str) -> None:
+    assert [f["code"] for f in merged[job]["findings"] if f["category"] in ("straggler", "communication")] == []
+
+
+@pytest.mark.parametrize("bad", [bad for bad, _, code in PAIRS if code == "GD601"])
+def test_the_waiting_rank_says_so_in_its_own_report(merged: dict[str, dict], bad: str) -> None:
+    rank = merged[bad]["run"]["ranks"][0]
+    own = json.loads((Path(rank["bundle"]) / "findings.json").read_text())["summary"]
+    assert own["verdict"].startswith("This rank waits for rank 1 in every collective: the job's ")
+    assert own["healthy"] is False
