@@ -1,6 +1,9 @@
-"""Predicted saving vs measured speed-up for the job rules, on two-rank gloo jobs run here on the CPU.
+"""Predicted saving vs measured speed-up for the job rules, on two-rank gloo jobs run here on the CPU, or on the
+two-GPU jobs recorded in fixtures/job_bundles/ (--recorded: their bundles analysed now, their plain runs as
+fixtures/record_jobs.py measured them).
 
     PYTHONPATH=$PWD python3 bench/validate_jobs.py [--runs 2]
+    PYTHONPATH=$PWD python3 bench/validate_jobs.py --recorded
 
 For each pair (a job with the pathology, and its fixed twin): measured is 1 - t_fixed / t_bad, each time the
 mean over `--runs` plain torchrun runs (without gpudoctor, alternating bad and fixed) of rank 0's own timing of
@@ -66,10 +69,58 @@ def predicted(pair: JobPair) -> float:
     return min(1.0, sum(f["impact"] or 0.0 for f in findings if f["code"] == pair.rule))
 
 
+RECORDED = ROOT / "fixtures" / "job_bundles"
+# (pathological job, its fixed twin, the rule, how the ranks were launched)
+RECORDED_PAIRS = (
+    ("job_loader_straggler_bad", "job_loader_straggler_fixed", "GD601", "torchrun, gpudoctor outside"),
+    ("job_loader_straggler_inner_bad", "job_loader_straggler_fixed", "GD601", "torchrun, gpudoctor inside"),
+    ("job_spawn_straggler_bad", "job_spawn_straggler_fixed", "GD601", "torch.multiprocessing.spawn"),
+    ("job_lightning_straggler_bad", "job_lightning_straggler_fixed", "GD601", "Lightning's launcher"),
+    ("job_accumulate_bad", "job_accumulate_fixed", "GD602", "torchrun, gpudoctor outside"),
+)
+
+
+def recorded_prediction(name: str, rule: str) -> tuple[float, str]:
+    """The rule's summed impact on a recorded job, analysed from a copy; and the merged verdict."""
+    import shutil
+
+    with tempfile.TemporaryDirectory() as out:
+        shutil.copytree(RECORDED / name, Path(out) / name)
+        subprocess.run([sys.executable, "-m", "gpudoctor", "analyze", str(Path(out) / name), "--format", "json"],
+                       capture_output=True, check=True, timeout=300)
+        merged = json.loads((Path(out) / name / "findings.json").read_text())
+    impact = min(1.0, sum(f["impact"] or 0.0 for f in merged["findings"] if f["code"] == rule))
+    return impact, merged["summary"]["verdict"]
+
+
+def print_recorded() -> None:
+    measured = json.loads((RECORDED / "measurements.json").read_text())
+    jobs, gpus = measured["jobs"], ", ".join(measured["machine"].get("gpus") or [])
+    print(f"recorded on {gpus}")
+    print("| job → fixed twin | launched by | rule | predicted saving | measured gain | bad, each run "
+          "| fixed, each run | within ±30% or ±0.05 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for bad, fixed, rule, launch in RECORDED_PAIRS:
+        bad_s, fixed_s = jobs[bad]["plain"]["step_s"], jobs[fixed]["plain"]["step_s"]
+        gain = 1 - statistics.fmean(fixed_s) / statistics.fmean(bad_s)
+        guess, _ = recorded_prediction(bad, rule)
+        within = abs(guess - gain) <= ABSOLUTE or (gain > 0 and abs(guess - gain) / gain <= RELATIVE)
+        print(f"| {bad} → {fixed} | {launch} | {rule} | {guess:.1%} | {gain:.1%} | "
+              f"{' / '.join(f'{t * 1e3:.1f} ms' for t in bad_s)} | {' / '.join(f'{t * 1e3:.1f} ms' for t in fixed_s)} "
+              f"| {'yes' if within else 'no'} |")
+    for fixed in sorted({pair[1] for pair in RECORDED_PAIRS}):
+        _, verdict = recorded_prediction(fixed, "GD601")
+        print(f"{fixed}: {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--recorded", action="store_true", help="the two-GPU jobs of fixtures/job_bundles/")
     args = parser.parse_args()
+    if args.recorded:
+        print_recorded()
+        return
     print("| job → fixed twin | rule | predicted saving | measured gain | bad, each run | fixed, each run "
           "| within ±30% or ±0.05 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

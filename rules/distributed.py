@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gpudoctor import Finding, Job, NotEvaluated, RankFigures, RankRun, rule
 from gpudoctor.analysis.views import Location
-from gpudoctor.job.straggling import job_after_fix, straggling
+from gpudoctor.job import job_after_fix, straggling
 
 # A data wait explains the straggling when the slow rank waits for data at least this share of what the others
 # wait for it: the rest of the difference is then within what one more finding could name.
