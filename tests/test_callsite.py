@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.bundle.records import Site
-from gpudoctor.collect.instrument import _site_and_library
+from gpudoctor.collect.window_hooks import _site_and_library
 
 LIBRARY = '''
 from gpudoctor.collect.callsite import user_location

@@ -82,9 +82,9 @@ def test_a_dataloader_gets_no_attribute(instrumented: Instrumentation) -> None:
 def test_what_gpudoctor_learns_of_a_loader_goes_with_it(instrumented: Instrumentation) -> None:
     loader = DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2)
     list(loader)
-    assert len(instrumented._loader_sites) == 1 and len(instrumented._loader_numbers) == 1
+    assert len(instrumented.loaders.sites) == 1 and len(instrumented.loaders.numbers) == 1
     del loader
-    assert len(instrumented._loader_sites) == 0 and len(instrumented._loader_numbers) == 0
+    assert len(instrumented.loaders.sites) == 0 and len(instrumented.loaders.numbers) == 0
 
 
 def _unpatched_loader(instrumentation: Instrumentation, dataset: TensorDataset) -> DataLoader:
