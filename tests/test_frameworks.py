@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -138,10 +139,12 @@ def test_hugging_face_trainer(gd: Gpudoctor) -> None:
 
 
 def test_accelerate_launch_runs_each_rank_under_gpudoctor(gd: Gpudoctor) -> None:
-    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port"]
+    """`gpudoctor profile accelerate launch ...`, as typed: the program on PATH runs as its console script."""
+    assert shutil.which("accelerate"), "accelerate installs the accelerate console script"
+    options = ["--multi_gpu", "--num_processes", "2", "--main_process_port"]
     args = [script("accelerate_train.py"), "--steps", "12"]
-    result = gd.run("profile", "--out", "run", *WINDOW, *launch, _free_port(), *args)
-    _same_as_plain(gd, "accelerate_train", [*launch, _free_port(), *args], result)
+    result = gd.run("profile", "--out", "run", *WINDOW, "accelerate", "launch", *options, _free_port(), *args)
+    _same_as_plain(gd, "accelerate_train", ["-m", "accelerate.commands.launch", *options, _free_port(), *args], result)
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
 
@@ -151,6 +154,15 @@ def test_torch_multiprocessing_spawn(gd: Gpudoctor) -> None:
     _same_as_plain(gd, "spawn_ddp", [script("spawn_ddp.py"), "--steps", "12"], result)
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
+
+
+def test_subprocesses_that_run_ranks(gd: Gpudoctor) -> None:
+    """A launcher of the script's own starts each rank as `python script.py` with RANK set."""
+    result = gd.profile(script("subprocess_ranks.py"), "--steps", "12")
+    _same_as_plain(gd, "subprocess_ranks", [script("subprocess_ranks.py"), "--steps", "12"], result)
+    _every_rank_merged(result, 2, 12)
+    _no_rank_is_another_program(result, 2)
+    assert (result.run_dir / "launcher" / "manifest.json").is_file()
 
 
 def test_max_steps_stops_every_rank(gd: Gpudoctor) -> None:
