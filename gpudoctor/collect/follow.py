@@ -27,9 +27,12 @@ import sys
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudoctor.collect.config import ChildConfig, WindowConfig
+
+if TYPE_CHECKING:  # imported on use: an interpreter that is no rank loads no more than this module
+    from gpudoctor.collect.session import Session
 
 FOLLOW_ENV = "GPUDOCTOR_FOLLOW"
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
@@ -91,7 +94,7 @@ def in_root_process() -> None:
 # -- in every other interpreter of the job (from the start-up hook) -------------------------------
 def at_interpreter_start() -> None:
     config = _config()
-    if config is None or _launcher(sys.orig_argv if hasattr(sys, "orig_argv") else sys.argv):
+    if config is None or _launcher(sys.orig_argv):
         return
     rank = None if _multiprocessing_child() else rank_from_environment(os.environ)
     session = _become_rank(config, rank, "environment") if rank is not None else None
@@ -111,7 +114,7 @@ def _launcher(argv: list[str]) -> bool:
 
 def _multiprocessing_child() -> bool:
     """A process multiprocessing started with spawn or forkserver: what it runs is known only at its _bootstrap."""
-    argv = getattr(sys, "orig_argv", sys.argv)
+    argv = sys.orig_argv
     return "--multiprocessing-fork" in argv or any("multiprocessing.forkserver" in a for a in argv)
 
 
@@ -131,7 +134,7 @@ def rank_from_environment(env: dict[str, str] | os._Environ[str]) -> int | None:
     return node * per_node + local if per_node else local
 
 
-def _finish_at_exit(session: Any) -> None:
+def _finish_at_exit(session: Session) -> None:
     """A rank started as a program of its own ends with its interpreter: the end is written at exit, with the
     exception that ended it if one did (the interpreter keeps it in sys.last_value before exiting)."""
     from gpudoctor.collect.session import exception_details, let_native_threads_settle, stop_helpers
@@ -146,9 +149,12 @@ def _finish_at_exit(session: Any) -> None:
             session.finish("completed")  # or sys.exit(N): what status it exits with is its parent's to see
         let_native_threads_settle()
 
+    def stop_helpers_at_exit() -> None:
+        # Registered now, it runs before multiprocessing's own exit handler, which would wait for helpers forever.
+        atexit.register(stop_helpers)
+
     atexit.register(at_exit)
-    # Registered now, it runs before multiprocessing's own exit handler, which would wait for helpers forever.
-    session.recorder.on_max_steps(lambda: atexit.register(stop_helpers))
+    session.recorder.on_max_steps(stop_helpers_at_exit)
 
 
 # -- multiprocessing children, whatever their start method ------------------------------------------
@@ -185,7 +191,7 @@ def _spawned_index(process: Any) -> int | None:
     return args[1] if len(args) > 1 and isinstance(args[1], int) else None
 
 
-def _recorded(function: Any, session: Any) -> Any:
+def _recorded(function: Any, session: Session) -> Any:
     """The rank's function, its ending recorded as the script's own is (torch.multiprocessing catches what it
     raises, so the exception's details are taken here)."""
     import functools
@@ -218,7 +224,7 @@ def _recorded(function: Any, session: Any) -> Any:
 
 
 # -- becoming a rank ---------------------------------------------------------------------------------
-def _become_rank(config: FollowConfig, rank: int, source: str) -> Any:
+def _become_rank(config: FollowConfig, rank: int, source: str) -> Session | None:
     """Record this process as rank `rank` of the job, into JOB/rank-K/; None when another process of the job is
     that rank already (or the directory cannot be made)."""
     rank_dir = Path(config.job_dir) / f"rank-{rank}"
@@ -267,6 +273,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, and another user's
+        pass
     return True
