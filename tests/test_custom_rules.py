@@ -494,10 +494,53 @@ def test_rules_list_shows_the_retired_codes(tmp_path: Path, monkeypatch, capsys,
 
 # -- the documentation's sections ---------------------------------------------------------------------
 @pytest.mark.parametrize("section", ["What it detects", "Why it matters", "Fix"])
-def test_a_rule_whose_docstring_lacks_a_section_is_refused(tmp_path: Path, section: str) -> None:
+def test_a_rule_whose_docstring_lacks_a_section_loads_and_rules_check_says_so(tmp_path: Path, section: str,
+                                                                               monkeypatch, capsys) -> None:
     source = a_rule().replace(f"{section}:", f"{section} -")
     path = write(tmp_path, "undocumented.py", source)
-    assert load_error(str(path)) == (
-        f"{path}:4: rule ACME101 (slow-loader-wait) has no '{section}:' section in its docstring; document it as "
-        "the built-in rules do: a summary line, then paragraphs starting 'What it detects:', 'Why it matters:' "
-        "and 'Fix:'.")
+    [loaded] = [r for r in load_rules([str(path)]) if r.code == "ACME101"]
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = _cli(monkeypatch, capsys, "rules", "check", "--rules", str(path))
+    assert status == 0
+    warning = (f"warning: {path}:4: rule ACME101 (slow-loader-wait) has no '{section}:' section in its docstring; "
+               "`gpudoctor rules explain` and the report show its docstring as it is. The built-in rules have a "
+               "summary line, then paragraphs starting 'What it detects:', 'Why it matters:' and 'Fix:'.")
+    assert out.splitlines() == [
+        warning, "1 rule of your own loaded; 0 documented as the built-in rules are, 1 with warnings."]
+    assert loaded.doc.startswith("Doc.")
+
+
+ONE_LINE = '''\
+from gpudoctor import Finding, rule
+
+
+@rule("ACME901", "loader-starves-gpu", category="data_starvation", severity="warning")
+def loader_starves_gpu(run, max_wait_share: float = 0.25):
+    """GPU idles while the next batch is loaded. Fix: raise num_workers, set pin_memory=True."""
+    waits = [s for s in run.steady_steps if s.data_wait_s > max_wait_share * s.wall_s]
+    if waits:
+        yield Finding(f"{len(waits)} of {len(run.steady_steps)} steps wait for the DataLoader", impact=0.5,
+                      location=run.loader.location)
+'''
+
+
+def test_a_rule_with_a_one_line_docstring_runs_under_profile(tmp_path: Path) -> None:
+    rule_file = write(tmp_path, "one_line.py", ONE_LINE)
+    gd = Gpudoctor(tmp_path)
+    result = gd.run("profile", "--out", "run", "--rules", str(rule_file), "--select", "ACME", "--format", "json",
+                    str(REPO / "examples" / "starved_training.py"), "--epochs", "1", "--samples", "256")
+    assert result.returncode == 0, result
+    findings = json.loads((tmp_path / "run" / "findings.json").read_text())["findings"]
+    assert [f["code"] for f in findings] == ["ACME901"]
+
+
+def test_the_test_helpers_warn_of_an_undocumented_rule(tmp_path: Path) -> None:
+    from gpudoctor.testing import UndocumentedRuleWarning, assert_fires
+
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(ONE_LINE), "one_line.py", "exec"), namespace)
+    b = BundleBuilder(tmp_path)
+    b.loader()
+    b.steps(5, wall_s=0.1, data_wait_s=0.08)
+    with pytest.warns(UndocumentedRuleWarning, match="ACME901 .* has no 'What it detects:', 'Why it matters:'"):
+        assert_fires(namespace["loader_starves_gpu"], b.build(), count=1)

@@ -1,4 +1,5 @@
-"""`gpudoctor rules list|explain|new`: the rules, their documentation, and a starter rule."""
+"""`gpudoctor rules list|explain|check|new`: the rules, their documentation, what a rule's docs lack, and a starter
+rule."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gpudoctor.diagnose import (
     RuleSelection,
     load_project_rules,
 )
-from gpudoctor.engine import CATEGORIES, Rule, find_rule, retired_codes
+from gpudoctor.engine import CATEGORIES, Rule, doc_warning, find_rule, retired_codes
 from gpudoctor.engine.scaffold import DEFAULT_NAME, new_rule
 from gpudoctor.errors import InputNotFoundError
 
@@ -56,6 +57,21 @@ def rules_explain(
         for name, default in r.options.items():
             note = f"  # {project.config.source} sets {project_sets[name]!r}" if name in project_sets else ""
             print(f"  {name} = {default!r}{note}")
+
+
+@rules_app.command("check", cls=_Command, short_help="Check your rules load, and say what their docs lack.")
+def rules_check(rules: RulesOption = None) -> None:
+    """Load your team's rules (--rules, pyproject.toml's [tool.gpudoctor], installed packages) as `profile` does,
+    and say, rule by rule, which sections of the built-in rules' documentation each docstring lacks ('What it
+    detects:', 'Why it matters:', 'Fix:'). A rule without them still loads and runs: these are warnings."""
+    project = load_project_rules(rules or ())
+    custom = [r for r in project.rules if r.source != "built-in"]
+    warnings = [w for w in (doc_warning(r) for r in custom) if w is not None]
+    for warning in warnings:
+        print(f"warning: {warning}")
+    documented = len(custom) - len(warnings)
+    print(f"{len(custom)} rule{'' if len(custom) == 1 else 's'} of your own loaded; {documented} documented as the "
+          f"built-in rules are, {len(warnings)} with warnings.")
 
 
 @rules_app.command("new", cls=_Command, short_help="Write a starter rule and its test.")

@@ -21,7 +21,7 @@ from gpudoctor.engine.api import (
     rule,
     rule_of,
 )
-from gpudoctor.engine.loading import BUILTIN_PREFIX, builtin_rules, load_rules, rules_in
+from gpudoctor.engine.loading import BUILTIN_PREFIX, builtin_rules, doc_warning, load_rules, rules_in
 from gpudoctor.engine.lookup import find_rule, select_rules
 from gpudoctor.engine.options import (
     ProjectConfig,
@@ -37,6 +37,7 @@ from gpudoctor.vocabulary import CATEGORIES, ENTRY_POINT_GROUP, SEVERITIES
 __all__ = [
     "BUILTIN_PREFIX", "CATEGORIES", "CODE_PATTERN", "ENTRY_POINT_GROUP", "NAME_PATTERN", "REQUIRED_SECTIONS",
     "SEVERITIES", "Diagnosis", "EngineResult", "Finding", "ProjectConfig", "Rule", "RuleFunction", "builtin_rules",
-    "diagnose_windows", "find_rule", "finding_key", "load_project_config", "load_rules", "parse_cli_options", "rank",
-    "resolve_options", "retired_codes", "retired_reason", "rule", "rule_of", "rules_in", "run_rules", "select_rules",
+    "diagnose_windows", "doc_warning", "find_rule", "finding_key", "load_project_config", "load_rules",
+    "parse_cli_options", "rank", "resolve_options", "retired_codes", "retired_reason", "rule", "rule_of", "rules_in",
+    "run_rules", "select_rules",
 ]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from gpudoctor.testing.assertions import (
     RuleRaised,
+    UndocumentedRuleWarning,
     assert_fires,
     assert_not_evaluated,
     assert_silent,
@@ -50,6 +51,7 @@ from gpudoctor.testing.fixtures import FIXTURES_ENV, available_fixtures, fixture
 
 __all__ = [
     "FIXTURES_ENV", "BundleBuilder", "Expectation", "ExpectationError", "Expectations", "Mismatch", "RuleRaised",
+    "UndocumentedRuleWarning",
     "assert_fires", "assert_not_evaluated", "assert_silent", "available_fixtures", "check_findings", "evaluate",
     "fixture_path", "load_fixture", "parse_expectations", "read_expectations", "run_rule",
 ]

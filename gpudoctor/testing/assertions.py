@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from typing import TypedDict
 
 from gpudoctor.analysis import NotEvaluated, Run
 from gpudoctor.bundle.findings import FindingJson, LocationJson
-from gpudoctor.engine import EngineResult, Rule, RuleFunction, find_rule, load_rules, rule_of, run_rules
+from gpudoctor.engine import EngineResult, Rule, RuleFunction, doc_warning, find_rule, load_rules, rule_of, run_rules
 from gpudoctor.testing.sites import SITE_DEFAULT, Site, site_dict
 
 # A rule as a test names it: the decorated function, its Rule, or a built-in rule's code, name or old code.
@@ -26,6 +27,10 @@ class _Wanted(_WantedFields, total=False):
     function: str
 
 
+class UndocumentedRuleWarning(UserWarning):
+    """A rule under test lacks a section of the documentation the built-in rules have (it still runs)."""
+
+
 class RuleRaised(AssertionError):
     """The rule raised an exception (the engine would have reported it as an error row)."""
 
@@ -35,6 +40,9 @@ def _resolve(rule: RuleLike) -> Rule:
         declared = rule_of(rule)
         if declared is None:
             raise TypeError(f"{rule!r} is not a rule: decorate it with @gpudoctor.rule(...)")
+        warning = doc_warning(declared)
+        if warning is not None:  # a rule runs without them; its test is where its author sees what the docs lack
+            warnings.warn(warning, UndocumentedRuleWarning, stacklevel=4)
         return declared
     found = find_rule(load_rules(()), rule)
     if found is None:
