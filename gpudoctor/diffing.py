@@ -59,7 +59,7 @@ def _decode(path: Path, raw: bytes) -> _FindingsFile:
             raise BundleError(f"{path} was written with findings schema version {version}, and this gpudoctor reads "
                               f"version {SCHEMA_VERSION}: analyse the run again with `gpudoctor analyze`.")
         return msgspec.json.decode(raw, type=_FindingsFile)
-    except (msgspec.ValidationError, UnicodeDecodeError) as exc:
+    except (msgspec.ValidationError, UnicodeDecodeError, RecursionError) as exc:
         raise decode_error(path, exc) from None
     except msgspec.DecodeError as exc:  # not JSON at all: truncated, empty, another kind of file
         raise BundleError(f"{path} is corrupt: it is not valid JSON ({exc}).") from None

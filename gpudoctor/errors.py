@@ -46,6 +46,11 @@ class BundleError(GpudoctorError):
     exit_status = EXIT_BAD_BUNDLE
 
 
+class TraceNotJsonError(BundleError):
+    """A profiler trace that is not JSON, even repaired (cut short, not gzip, written badly): a run bundle's
+    report is made without it, from its events and samples; a trace analysed alone cannot be."""
+
+
 class RuleLoadError(GpudoctorError):
     """A rule file or rule definition that cannot be used; the message names file, rule and fix."""
 

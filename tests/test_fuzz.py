@@ -54,6 +54,24 @@ def _deep(raw: bytes, rng: random.Random) -> bytes:
     return raw + b"\n" + b"[" * 100_000 + b"]" * 100_000 + b"\n"
 
 
+def _deep_value(raw: bytes, rng: random.Random) -> bytes:
+    """A value nested 100,000 deep inside a record: `{"kind": [[[...]]]}` in a JSONL file, a key of a document."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    if raw.lstrip().startswith(b"{") and b"\n{" in raw and not raw.lstrip().startswith(b'{\n  "schema'):
+        return raw + b'{"kind": ' + deep + b"}\n"
+    return raw.replace(b"{", b'{"deep": ' + deep + b", ", 1)
+
+
+def _bomb(raw: bytes, rng: random.Random) -> bytes:
+    """Blanks after the content, enough that the file inflates hundreds of times its size once gzipped."""
+    return raw + b" " * (rng.randint(96, 160) << 20)
+
+
+def _unescaped_label(raw: bytes, rng: random.Random) -> bytes:
+    """A name holding a double quote and a backslash, written as Kineto writes a record_function's label."""
+    return raw.replace(b'"name": "', b'"name": "say "hi" \\ to ', rng.randint(1, 50))
+
+
 def _huge_number(raw: bytes, rng: random.Random) -> bytes:
     key = rng.choice([b'"dur": ', b'"t":', b'"wall_s":', b'"pid":', b'"schema_version": '])
     return raw.replace(key, key + b"9" * 5000 + b", \"was\": ", 1)
@@ -84,7 +102,7 @@ def _padded(raw: bytes, rng: random.Random) -> bytes:
 MUTATIONS: dict[str, Callable[[bytes, random.Random], bytes]] = {
     "truncate": _truncate, "flip": _flip, "wrong_type": _wrong_type, "deep": _deep, "huge_number": _huge_number,
     "not_finite": _not_finite, "negative": _negative, "not_objects": _not_objects, "not_utf8": _not_utf8,
-    "padded": _padded,
+    "padded": _padded, "deep_value": _deep_value, "bomb": _bomb, "unescaped_label": _unescaped_label,
 }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,91 @@ def test_a_bundle_of_a_hostile_trace_exits_65_with_one_sentence(tmp_path: Path, 
     result = gd.run("analyze", str(run_dir))
     assert result.returncode == 65, result
     assert len(result.messages) == 1 and "trace.json.gz" in result.first_message and "Traceback" not in result.stderr
+
+
+def test_a_label_kineto_wrote_unescaped_is_repaired(tmp_path: Path) -> None:
+    """A label holding a double quote and a backslash (a record_function's): Kineto writes it as it is, which is not
+    JSON; the trace is read as if Kineto had escaped it, every event kept."""
+    text = _trace_text()
+    kernel = re.search(r'"cat": "kernel", "name": "([^"]+)", "pid"', text).group(1)
+    broken = text.replace(f'"name": "{kernel}", "pid"', '"name": "say "hi" \\ now", "pid"')
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(broken)
+    trace, intact = parse_trace(_write_gz(tmp_path / "t.json.gz", broken.encode())), parse_trace(TRACE)
+    assert trace.steps == intact.steps and len(trace.gpu_ops) == len(intact.gpu_ops)
+    assert 'say "hi" \\ now' in {op.name for op in trace.gpu_ops} and kernel not in {op.name for op in trace.gpu_ops}
+
+
+def test_a_bundle_whose_trace_is_cut_short_is_reported_without_it(tmp_path: Path, gd: Gpudoctor) -> None:
+    bundle = _bundle_copy(tmp_path)
+    trace = bundle / "trace.json.gz"
+    raw = gzip.decompress(trace.read_bytes())
+    trace.write_bytes(gzip.compress(raw[: len(raw) // 2], 1))
+    result = gd.run("analyze", str(bundle))
+    assert result.returncode == 0, result
+    error = _first_error(raw[: len(raw) // 2])
+    assert result.first_message == (f"gpudoctor: {trace} is not a complete JSON trace ({error}); it is left out, and "
+                                    "the report comes from the run's events and samples.")
+    findings = json.loads((bundle / "findings.json").read_text())
+    assert findings["summary"]["status"] != "no_steps" and findings["run"]["step_s"] is not None
+    reasons = {row["code"]: row["reason"] for row in findings["not_evaluated"]}
+    assert reasons["GD301"].startswith(f"the profiler trace was left out: {trace} is not a complete JSON trace")
+    assert "the profiler trace" in (bundle / "report.html").read_text()
+
+
+@pytest.mark.parametrize("name", ["events.jsonl", "samples/host.jsonl", "samples/procs.jsonl", "manifest.json"])
+def test_deep_nesting_in_a_bundle_file_is_refused_in_one_sentence(tmp_path: Path, gd: Gpudoctor, name: str) -> None:
+    bundle = _bundle_copy(tmp_path)
+    path = bundle / name
+    deep = b"[" * 100_000 + b"]" * 100_000
+    raw = path.read_bytes()
+    path.write_bytes(raw + b'{"kind": ' + deep + b"}\n" if name.endswith(".jsonl")
+                     else raw.replace(b"{", b'{"deep": ' + deep + b", ", 1))
+    result = gd.run("analyze", str(bundle))
+    assert result.returncode == 65, result
+    assert result.stderr.strip().splitlines() == [result.first_message]
+    assert name in result.first_message and "nested too deeply" in result.first_message
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_bomb_is_refused_as_soon_as_it_inflates_further_than_a_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      streamed: bool) -> None:
+    """200 MB of blanks packed in under 1 MB: its size alone would let it inflate to 40 MB and more; the ratio of
+    what came out to what went in stops it a few MB in."""
+    monkeypatch.setattr(trace_file, "MIN_INFLATED_CAP", 1 << 20)
+    refused_at: list[int] = []
+
+    def too_far(path: Path, inflated: int, read: int) -> bool:
+        far = inflated > (1 << 20) and inflated > trace_file.MAX_INFLATION * read
+        if far:
+            refused_at.append(inflated)
+        return far
+
+    monkeypatch.setattr(trace_file, "inflating_too_far", too_far)
+    monkeypatch.setattr(trace_stream, "inflating_too_far", too_far)
+    bomb = tmp_path / "t.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(b"[")
+        for _ in range(200):
+            f.write(b" " * (1 << 20))
+        f.write(b"]")
+    if streamed:
+        assert "gzip bomb" in _refused(bomb)
+    else:
+        with pytest.raises(BundleError, match="gzip bomb"):
+            trace_file.read_trace(bomb)
+    assert refused_at and refused_at[0] < trace_file.inflated_cap(bomb) // 2
+
+
+def _bundle_copy(tmp_path: Path) -> Path:
+    bundle = tmp_path / "run"
+    shutil.copytree(TRACE.parent, bundle)
+    return bundle
+
+
+def _first_error(raw: bytes) -> str:
+    try:
+        json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return f"{exc.msg} at byte {exc.pos}"
+    raise AssertionError("the cut trace parsed")

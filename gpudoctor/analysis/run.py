@@ -58,6 +58,7 @@ from gpudoctor.bundle.events import (
 )
 from gpudoctor.bundle.manifest import ExceptionInfo, ExitInfo, Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
+from gpudoctor.errors import TraceNotJsonError
 
 __all__ = ["NotEvaluated", "Run"]
 
@@ -143,9 +144,27 @@ class Run:
     def trace_only(self) -> bool:
         return self.manifest.trace_only
 
-    @cached_property
+    @property
     def trace(self) -> TraceData | None:
-        return parse_trace(self._trace_path, self.trace_progress) if self._trace_path else None
+        return self._trace_read[0]
+
+    @property
+    def trace_error(self) -> str | None:
+        """Why the run's trace was left out (it is not JSON, even repaired: cut short, written badly), if it was."""
+        return self._trace_read[1]
+
+    @cached_property
+    def _trace_read(self) -> tuple[TraceData | None, str | None]:
+        """The trace, or why a run bundle's trace was left out: its report is then made from its events and
+        samples. A trace analysed alone that is not JSON has nothing else: that raises."""
+        if not self._trace_path:
+            return None, None
+        try:
+            return parse_trace(self._trace_path, self.trace_progress), None
+        except TraceNotJsonError as exc:
+            if self.trace_only:
+                raise
+            return None, str(exc)
 
     # -- steps -----------------------------------------------------------------------------------
     @cached_property
@@ -331,6 +350,8 @@ class Run:
         return idle_in_syncs(self.steps, self.gpu, self.trace)
 
     def _why_no_gpu(self) -> str:
+        if self.trace_error is not None:
+            return f"the profiler trace was left out: {self.trace_error}"
         if self.trace is None:
             reason = self.manifest.collector_reason("profiler")
             return f"no profiler trace in this run ({reason})" if reason else "no profiler trace in this run"

@@ -46,9 +46,12 @@ def encode_pretty(record: object) -> bytes:
     return msgspec.json.format(_encoder.encode(record), indent=2)
 
 
-def decode_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError, line: int | None = None) -> BundleError:
+def decode_error(path: Path, exc: msgspec.DecodeError | UnicodeDecodeError | RecursionError,
+                 line: int | None = None) -> BundleError:
     """The one-sentence message for a record that cannot be read."""
     where = f"line {line}: " if line is not None else ""
+    if isinstance(exc, RecursionError):  # msgspec's decoder stops at a depth no record of gpudoctor's has
+        return BundleError(f"{path} is corrupt: {where}its JSON is nested too deeply.")
     if isinstance(exc, UnicodeDecodeError):
         return BundleError(f"{path} is corrupt: {where}byte {exc.start} is not UTF-8 text.")
     reason = str(exc).replace(" - at `$", " at `$")
@@ -77,7 +80,7 @@ def read_jsonl(path: Path, decoder: msgspec.json.Decoder[Any] = ANY_JSON) -> Ite
                 continue
             try:
                 yield decoder.decode(line)
-            except msgspec.ValidationError as exc:
+            except (msgspec.ValidationError, RecursionError) as exc:
                 raise decode_error(path, exc, number) from None
             except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                 if not line.endswith(b"\n"):  # only the last line can lack its newline: the writer was killed
@@ -89,7 +92,7 @@ def read_json(path: Path, decoder: msgspec.json.Decoder[T]) -> T:
     """One JSON document, decoded and validated."""
     try:
         return decoder.decode(path.read_bytes())
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise decode_error(path, exc) from None
 
 
@@ -161,6 +164,6 @@ class JsonlTail(Generic[T]):
         for line in complete.splitlines():
             try:
                 records.append(self._decoder.decode(line))
-            except (msgspec.DecodeError, UnicodeDecodeError):
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
                 continue
         return records

@@ -137,7 +137,7 @@ def read_manifest(run_dir: Path) -> Manifest:
     _check_version(path, raw)
     try:
         return _MANIFEST_DECODER.decode(raw)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise decode_error(path, exc) from None
 
 
@@ -152,7 +152,7 @@ def _check_version(path: Path, raw: bytes) -> None:
         raise BundleError(f"{path} is not a gpudoctor manifest: it has no schema_version.") from None
     except msgspec.DecodeError as exc:
         raise BundleError(f"{path} is corrupt: it is not valid JSON ({exc}).") from None
-    except UnicodeDecodeError as exc:
+    except (UnicodeDecodeError, RecursionError) as exc:
         raise decode_error(path, exc) from None
     if version != SCHEMA_VERSION:
         raise BundleError(

@@ -27,8 +27,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from gpudoctor.bundle.jsonio import loads as _loads
-from gpudoctor.bundle.trace_file import inflated_cap, too_big
-from gpudoctor.errors import BundleError
+from gpudoctor.bundle.trace_file import inflated_cap, inflating_too_far, not_gzip, too_big
 
 # -- reading a big trace in chunks -----------------------------------------------------------------
 CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size (4 MB cost 12 MB
@@ -173,7 +172,7 @@ class TraceStream:
         try:
             raw = open(path, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
-            raise BundleError(f"{path} is truncated or not gzip: {exc}.") from None
+            raise not_gzip(path, exc) from None
         with raw:
             if path.suffix != ".gz":
                 while block := raw.read(CHUNK_BYTES):
@@ -292,14 +291,14 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
                 while not stop.is_set():
                     block = f.read(CHUNK_BYTES)
                     inflated += len(block)
-                    if inflated > cap:
+                    if inflated > cap or inflating_too_far(path, inflated, raw.tell()):
                         put(too_big(path, cap))
                         return
                     put((block, raw.tell()))
                     if not block:
                         return
         except (EOFError, OSError, zlib.error) as exc:
-            put(BundleError(f"{path} is truncated or not gzip: {exc}."))
+            put(not_gzip(path, exc))
         except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
             put(exc)
 

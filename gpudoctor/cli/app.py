@@ -172,10 +172,19 @@ def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
     return report
 
 
+def _trace_left_out(report: Report) -> str | None:
+    """One sentence when the run's trace could not be read and the report was made without it."""
+    from gpudoctor.report.model import TRACE_LEFT_OUT
+
+    row = next((row for row in report["not_measured"] if row["what"] == TRACE_LEFT_OUT), None)
+    return None if row is None else f"{row['reason']}."
+
+
 def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
     from gpudoctor.diagnose import write_outputs
     from gpudoctor.report.render import to_text
 
+    _say_each(_trace_left_out(report))
     written = write_outputs(report, out_dir, formats)
     if "text" in formats:
         shown = written.get("html") or written.get("json")

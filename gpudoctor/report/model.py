@@ -86,6 +86,9 @@ def _phase_row(phase: PhaseTime) -> PhaseRow:
     return {"phase": phase.phase, "label": PHASE_LABELS[phase.phase], "mean_s": phase.mean_s, "share": phase.share}
 
 
+TRACE_LEFT_OUT = "the profiler trace"
+
+
 def _not_measured(run: Run) -> list[NotMeasuredRow]:
     rows: list[NotMeasuredRow] = []
     for name, info in run.manifest.collectors.items():
@@ -93,6 +96,9 @@ def _not_measured(run: Run) -> list[NotMeasuredRow]:
             rows.append({"what": COLLECTOR_LABELS.get(name, name), "reason": info.reason or "unknown"})
     if run.trace_only:
         rows.append({"what": "host, process and GPU samples", "reason": "only a trace was analysed, not a run bundle"})
+    if run.trace_error is not None:
+        rows.append({"what": TRACE_LEFT_OUT, "reason": f"{run.trace_error.rstrip('.')}; it is left out, and the "
+                                                       "report comes from the run's events and samples"})
     rows += [{"what": f"the work of {_started_text(group, run)}", "reason": _unprofiled_reason(group)}
              for group in _unprofiled_groups(run)]
     return rows
