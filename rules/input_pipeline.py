@@ -83,6 +83,20 @@ def _indexes_tensors_per_sample(loader: LoaderInfo) -> bool:
     return loader.dataset == "TensorDataset" and loader.batch_size is not None
 
 
+def _idles(run: Run, share: float) -> str:
+    """What the wait costs, as far as it was measured: the GPU's idle time, or without GPU activity in the run
+    (a CPU-only machine), the step's own time."""
+    if run.gpu is not None:
+        return f"The GPU idles {share:.0%} of each step"
+    return f"Each step waits {share:.0%} of its time"
+
+
+def _waits_for_data(run: Run, share: float, still: bool = False) -> str:
+    if run.gpu is not None:
+        return f"the GPU {'still ' if still else ''}idles {share:.0%} of each step waiting for data"
+    return f"each step {'still ' if still else ''}waits {share:.0%} of its time for data"
+
+
 def _severity(share: float) -> str:
     return "critical" if share >= 0.5 else "warning"
 
@@ -124,7 +138,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     workers = _suggested_workers(wait, compute, cores_per_rank(run))
     fixed = max(compute, wait / workers)
     yield Finding(
-        f"The GPU idles {share:.0%} of each step while the DataLoader loads the next batch in the main process",
+        f"{_idles(run, share)} while the DataLoader loads the next batch in the main process",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run)},
         fix=_loader_fix(loader, workers, _uses_a_gpu(run)),
@@ -173,8 +187,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         return
     fixed = max(compute, batch_s / suggested)
     yield Finding(
-        f"{loader.num_workers} DataLoader worker{'s' if loader.num_workers > 1 else ''} cannot keep up: the GPU "
-        f"idles {share:.0%} of each step waiting for data",
+        f"{loader.num_workers} DataLoader worker{'s' if loader.num_workers > 1 else ''} cannot keep up: "
+        f"{_waits_for_data(run, share)}",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run)},
@@ -213,7 +227,7 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     if not starved.starving(min_wait_share, min_starved_steps) or busy < busy_host_share or own_share < min_own_share:
         return
     yield Finding(
-        f"The host's CPUs are {busy:.0%} busy and the GPU still idles {share:.0%} of each step waiting for data",
+        f"The host's CPUs are {busy:.0%} busy and {_waits_for_data(run, share, still=True)}",
         impact=share, location=loader.location, severity=_severity(share),
         evidence={**starved.evidence(), "host CPU busy": (round(busy * 100), "%"),
                   "num_workers": loader.num_workers, "cores available": cores},

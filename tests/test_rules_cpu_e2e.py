@@ -9,6 +9,7 @@ tests/scripts/rules/ and mark the lines a finding should name with a comment (`#
 from __future__ import annotations
 
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -95,6 +96,26 @@ def test_gd101_fires_when_the_loader_runs_in_the_main_process(gd: Gpudoctor) -> 
     assert 35 <= facts["data wait per step"] <= 80, facts  # 8 samples of 5 ms
     assert "num_workers=" in finding["fix"]
     assert finding["impact"] is not None and finding["impact"] > 0.15
+
+
+# What a sentence may say of a GPU on a machine without one: that it was not measured, or not seen (and the
+# facts table's "GPU" row label).
+GPU_CLAIM = re.compile(r"(?<!no )GPU(?! activity| samples| none seen)")
+
+
+def test_a_cpu_run_says_nothing_of_what_a_gpu_did(gd: Gpudoctor) -> None:
+    """On a machine without a GPU the wait is the step's own: no title, fix, verdict, summary line or report row
+    says what a GPU did (the rules' documentation, quoted in the report, speaks of GPUs in general)."""
+    result = profile(gd, "loader_main_process.py", "--workers", "0")
+    findings = result.findings()
+    assert findings["run"]["gpus"] == [] and findings["findings"]
+    said = [findings["summary"]["verdict"], *result.stderr.splitlines()]
+    said += [text for f in findings["findings"] for text in (f["title"], f["fix"], *(e["name"] for e in f["evidence"]))]
+    page = re.sub(r"<details class=\"doc\".*?</details>", "", (result.run_dir / "report.html").read_text(), flags=re.S)
+    said += [text for text in re.split(r"<[^>]+>", page) if text.strip()]
+    claims = [text for text in said if text.strip() != "GPU" and GPU_CLAIM.search(text)]
+    assert claims == [], claims
+    assert next(f for f in findings["findings"] if f["code"] == "GD101")["title"].startswith("Each step waits ")
 
 
 def test_gd101_silent_when_two_workers_keep_up(gd: Gpudoctor) -> None:
