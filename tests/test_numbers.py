@@ -19,12 +19,13 @@ def test_a_starved_runs_figures_agree(gd: Gpudoctor) -> None:
     run = Run.from_bundle(result.run_dir)
     report = build_report(run, run_rules(run, builtin_rules()))
     finding = next(f for f in result.findings()["findings"] if f["code"] == "GD101")
-    title_share = int(re.search(r"idles (\d+)% of each step", finding["title"]).group(1)) / 100
+    # On a machine without a GPU the title gives the step's own wait ("Each step waits 93% of its time").
+    title_share = int(re.search(r"(?:idles|waits) (\d+)% of (?:each step|its time)", finding["title"]).group(1)) / 100
     breakdown = {p["phase"]: p["share"] for p in report["breakdown"]["phases"]}
     evidence = {e["name"]: e["value"] for e in finding["evidence"]}
     median = report["run"]["median_step_s"]
     assert abs(title_share - breakdown["data_wait"]) <= 0.05, (title_share, breakdown)
     assert abs(evidence["step time"] / 1e3 - median) <= 0.1 * median, (evidence, median)
-    assert abs(report["breakdown"]["mean_step_s"] - median) <= 0.15 * median  # no warm-up or start-up step in it
+    assert report["breakdown"]["mean_step_s"] == report["run"]["step_s"]  # the phase table's step is the run's pace
     assert finding["saving_s"] == round(finding["impact"] * report["run"]["step_s"], 6)  # of the step shown
     assert finding["impact"] <= title_share + 0.005  # a what-if: never more than the wait it removes (title rounded)

@@ -242,10 +242,10 @@ def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     starved = seen["starved"]
     assert [c["severity"] for c in starved["cards"]][:1] == ["critical"] and starved["cards"][0]["has_source"]
     first_screen = "\n".join(starved["first_screen"])  # what a new user reads before scrolling
-    assert "GPU idle" in first_screen and "DataLoader" in first_screen, first_screen
+    assert "GPU idles" in first_screen and "DataLoader" in first_screen, first_screen
     assert "data_starvation_bad.py:74" in first_screen and "loader = DataLoader(" in first_screen, first_screen
-    # The verdict, then the problem's saving as time per step, on the same median step as the facts beside it.
-    assert "the largest fix saves ~84% of the step" in first_screen, first_screen
+    # The verdict, then the problem's saving as time per step, on the same step as the facts beside it.
+    assert "1 problem; fixing it saves ~84% of each 145.0 ms step: ~22.8 ms/step." in first_screen, first_screen
     assert "fix saves ~84%: 145.0 → ~22.8 ms/step (≈6.4×)" in first_screen, first_screen
 
     several = seen["several-findings"]

@@ -61,6 +61,7 @@ class _RunFields(TypedDict):
     cuda: str | None
     driver: str | None
     gpus: list[str | None]
+    cuda_device: str | None  # the GPU the script used, as torch named it
     cores: int | None
     steps_total: int
     steps_analysed: int

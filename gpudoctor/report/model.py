@@ -53,6 +53,7 @@ from gpudoctor.report.document import (
     WindowRow,
     WindowSettingsJson,
 )
+from gpudoctor.report.units import seconds
 
 __all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "finding_cards", "link_outputs", "source_snippet"]
 
@@ -75,15 +76,18 @@ def _step_row(step: Step) -> StepRow:
     }
 
 
-def _breakdown(steps: list[Step], wait_share: float | None) -> BreakdownJson:
-    """The mean step and its phases (see analysis.summary.breakdown), over the steps whose phases were timed,
-    with the data wait of every step after start-up."""
+def _breakdown(steps: list[Step], wait_share: float | None, step_s: float | None) -> BreakdownJson:
+    """The step and its phases: each phase's share of the steps whose phases were timed (see
+    analysis.summary.breakdown), with the data wait of every step after start-up, of the run's one step figure
+    (`step_s`, the step at the run's pace) where there is one: the timed steps ran with gpudoctor's hooks on."""
     result = breakdown(steps, wait_share)
-    return {"phases": [_phase_row(p) for p in result.phases], "mean_step_s": result.mean_step_s}
+    step = step_s or result.mean_step_s
+    return {"phases": [_phase_row(p, step) for p in result.phases], "mean_step_s": step}
 
 
-def _phase_row(phase: PhaseTime) -> PhaseRow:
-    return {"phase": phase.phase, "label": PHASE_LABELS[phase.phase], "mean_s": phase.mean_s, "share": phase.share}
+def _phase_row(phase: PhaseTime, step_s: float | None) -> PhaseRow:
+    mean_s = phase.share * step_s if step_s else phase.mean_s
+    return {"phase": phase.phase, "label": PHASE_LABELS[phase.phase], "mean_s": mean_s, "share": phase.share}
 
 
 TRACE_LEFT_OUT = "the profiler trace"
@@ -145,23 +149,34 @@ def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list
     return "partial" if not_measured else "healthy"
 
 
+# The most the verdict says the fixes save together: findings share the step's budget, one slice each, but an
+# estimate of nearly all of a step is never a promise.
+MAX_TOTAL_SAVING = 0.95
+
+
 def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
-             elsewhere: str | None = None) -> str:
-    """`elsewhere` names the processes the script started to do its work, when there are any."""
+             elsewhere: str | None = None, step_s: float | None = None) -> str:
+    """What the user gains, in the run's one step figure (`step_s`, the step at the run's pace): '2 problems; fixing
+    them saves ~70% of each 10.2 ms step: ~3.1 ms/step.' A GPU's idle share is said only when no saving is:
+    beside one, a reader takes it for the cost. `elsewhere` names the processes the script started to do its
+    work, when there are any."""
     if not steps and elsewhere:
         return (f"No training step was detected in the script's own process: its work ran in {elsewhere}, which "
                 "gpudoctor does not profile.")
     if not steps:
         return "No training step was detected, so there is no step time to break down."
     problems = _problems(findings)
-    idle_text = f"GPU idle {idle:.0%} of each step" if idle is not None else "GPU activity not measured"
+    of_step = f" of each {seconds(step_s)} step" if step_s else " of each step"
+    idle_text = f"GPU idle {idle:.0%}{of_step}" if idle is not None else "GPU activity not measured"
     if not problems:
         measured = "" if status == "healthy" else " in what was measured"
         return f"{idle_text}; no problems found{measured}."
-    largest = max((f.impact or 0.0) for f in problems)
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
-    cost = f", the largest fix saves ~{largest:.0%} of the step" if largest > 0 else ""
-    return f"{idle_text}; {count}{cost}."
+    total = min(MAX_TOTAL_SAVING, sum(f.impact or 0.0 for f in problems))
+    if total <= 0:
+        return f"{idle_text}; {count}."
+    after = f": ~{seconds(step_s * (1 - total))}/step" if step_s else ""
+    return f"{count}; fixing {'them' if len(problems) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
 
 
 def _elsewhere(run: Run) -> str | None:
@@ -240,7 +255,8 @@ def _run_facts(run: Run) -> RunFacts:
         "args": target.args, "command": _command(target), "cwd": manifest.cwd,
         "created": manifest.created, "duration_s": manifest.duration_s,
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
-        "gpus": [g.name for g in env.gpus], "cores": env.cores,
+        "gpus": [g.name for g in env.gpus], "cuda_device": env.cuda_device.name if env.cuda_device else None,
+        "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": reference.seconds, "step_s": _seconds_or_none(pace.seconds), "step_s_basis": pace.basis,
         "step_s_steps": pace.steps, "step_s_evaluations": pace.evaluations,
@@ -360,13 +376,14 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "gpudoctor_version": __version__,
         "run": facts,
         "summary": {
-            "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status, _elsewhere(run))),
+            "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status, _elsewhere(run),
+                                                  facts["step_s"])),
             "gpu_idle_share": idle,
             "healthy": not problems, "problems": len(problems), "status": status,
         },
         "not_measured": not_measured,
         # The phases are timed in the window's detail steps; the data wait is every step's.
-        "breakdown": _breakdown(run.hooked_steps or steps, run.steady_wait_share),
+        "breakdown": _breakdown(run.hooked_steps or steps, run.steady_wait_share, facts["step_s"]),
         "steps": [_step_row(s) for s in steps],
         "charts": {
             "steps": step_chart(steps), "timeline": timeline_chart(run), "kernels": kernel_chart(run, launch_bound),

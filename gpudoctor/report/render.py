@@ -58,6 +58,8 @@ def _environment() -> jinja2.Environment:
     env.globals["host_ran_ahead"] = host_ran_ahead
     env.globals["step_time_text"] = step_time_text
     env.globals["median_step_text"] = median_step_text
+    env.globals["distortion_text"] = distortion_text
+    env.globals["gpu_text"] = gpu_text
     env.globals["profiler_cost_shown"] = profiler_cost_shown
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
@@ -154,12 +156,37 @@ def _left_out_text(evaluations: int, stalls: int) -> str:
 
 
 def median_step_text(run: RunFacts) -> str | None:
-    """'median step 2.1 ms' where it is far from the step time (a bursty loader's fed steps); None otherwise."""
+    """'half the steps took under 2.1 ms' where the median is far from the step time (a bursty loader feeds most
+    steps from its queue and makes one in several wait long); None otherwise."""
     step, median = run["step_s"], run["median_step_s"]
     if not step or median is None or 1 / MEDIAN_APART <= median / step <= MEDIAN_APART:
         return None
-    return f"median step {seconds(median)}" + (" (outside the window)" if run.get("median_step_outside_window")
-                                               else "")
+    return f"half the steps took under {seconds(median)}"
+
+
+DISTORTION_SAID = 1.10  # the profiler's effect on the steps it records is said when it is this far from none
+
+
+def distortion_text(run: RunFacts) -> str | None:
+    """'the profiler slowed the steps it recorded 1.46×' where it did (or sped them: the ones it recorded can come
+    at a quicker stretch of the run); None where the steps it recorded ran as the others."""
+    ratio = run.get("window_distortion")
+    if ratio is None or 1 / DISTORTION_SAID <= ratio <= DISTORTION_SAID:
+        return None
+    if ratio > 1:
+        return f"the profiler slowed the steps it recorded {ratio:.2f}×: savings are of the steps it did not record"
+    return f"the steps the profiler recorded ran {ratio:.2f}× as long as the others"
+
+
+def gpu_text(run: RunFacts) -> str | None:
+    """The GPU the script used ('NVIDIA H200'), else the host's ('2 × NVIDIA H200'); None where none was seen."""
+    used = run.get("cuda_device")
+    if used:
+        return str(used)
+    names = [str(gpu) for gpu in run.get("gpus") or []]  # an unnamed GPU is None
+    if not names:
+        return None
+    return f"{len(names)} × {names[0]}" if len(set(names)) == 1 and len(names) > 1 else ", ".join(names)
 
 
 def step_facts(run: RunFacts) -> list[str]:
@@ -178,10 +205,7 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         facts.append(f"the GPU's work takes {seconds(run['gpu_work_per_step_s'])} a step: the host ran ahead of it")
     if run.get("step_source"):
         facts.append(f"steps marked by {run['step_source']}")
-    if run.get("window_distortion") is not None:
-        facts.append(f"profiled steps {run['window_distortion']:.2f}x the others")
-    if run.get("gpus"):
-        facts.append(", ".join(str(gpu) for gpu in run["gpus"]))  # as the page joins them: an unnamed GPU is None
+    facts += [text for text in (distortion_text(run), gpu_text(run)) if text]
     lines.append("  " + "; ".join(facts))
     budget = run.get("budget")
     if budget:
