@@ -69,8 +69,7 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
     waiting = ", ".join(str(f.rank) for f in others)
     yield Finding(
         title=(f"Rank {slow.rank} holds back the others: rank{'s' if len(others) > 1 else ''} {waiting} "
-               f"wait{'' if len(others) > 1 else 's'} for it in every collective, and the job's "
-               f"{pace * 1e3:.1f} ms step would take ~{after.step_s * 1e3:.1f} ms without the wait"),
+               f"wait{'' if len(others) > 1 else 's'} for it in every collective"),
         impact=share,
         severity="critical" if share >= critical_wait_share else None,
         location=cause.location,

@@ -19,6 +19,9 @@ import pytest
 from conftest import REPO
 from gpudoctor.diagnose import RuleSelection, prepare_rules
 from gpudoctor.job.merge import diagnose_job
+from gpudoctor.report.model import link_outputs
+from gpudoctor.report.render import to_html, to_text
+from gpudoctor.report.units import seconds
 
 JOBS = REPO / "fixtures" / "job_bundles"
 MEASURED = json.loads((JOBS / "measurements.json").read_text(encoding="utf-8"))["jobs"]
@@ -82,3 +85,23 @@ def test_the_waiting_rank_says_so_in_its_own_report(merged: dict[str, dict], bad
     own = json.loads((Path(rank["bundle"]) / "findings.json").read_text())["summary"]
     assert own["verdict"].startswith("This rank waits for rank 1 in every collective: the job's ")
     assert own["healthy"] is False
+
+
+@pytest.mark.parametrize("bad", [bad for bad, _, code in PAIRS if code == "GD601"])
+def test_the_merged_report_tells_one_story_of_the_job(merged: dict[str, dict], bad: str) -> None:
+    """The job's step is the one figure of its verdict and its savings; the budget shown is one rank's, says so,
+    and its collectives slice is the straggler's; each rank's phase table is in its own report."""
+    report, step = merged[bad], merged[bad]["run"]["step_s"]
+    straggler = report["findings"][0]
+    assert step == max(r["step_s"] for r in report["run"]["ranks"])
+    assert straggler["saving_s"] == pytest.approx(straggler["impact"] * step, abs=2e-6)
+    saving = f"(fixing it saves ~{straggler['impact']:.0%} of each {seconds(step)} step: ~"
+    assert saving in report["summary"]["verdict"]
+    assert report["run"]["shown_rank"] == 0
+    slices = {s["slice"]: s for s in report["run"]["budget"]["slices"]}
+    assert slices["collective"]["claimed_by"] == ["GD601"] and slices["collective"]["share"] > 0.9
+    assert report["breakdown"]["phases"] == []
+    page = to_html(link_outputs(report, Path(report["links"]["run"])))
+    for section in ("Step time budget", "Over the run", "Kernel durations", "Raw trace"):
+        assert f"<h2>{section} (rank 0&#39;s)</h2>" in page, section
+    assert to_text(report).splitlines()[2].startswith("  rank 0's steps: collectives ")

@@ -12,18 +12,23 @@ from gpudoctor.bundle import REPORT
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.engine import EngineResult
 from gpudoctor.job.model import Job, RankRun
+from gpudoctor.report.budget import budget_json
 from gpudoctor.report.document import NotMeasuredRow, RankRow, Report, RunFacts, Status, Summary
 from gpudoctor.report.model import finding_cards
+from gpudoctor.report.units import seconds
 
 FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
 
 
 def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: EngineResult, docs: Mapping[str, str],
                      out_dir: Path, unreadable: list[NotMeasuredRow]) -> Report:
-    base = rank_reports[job.ranks[0].rank]
+    shown = job.ranks[0]  # the rank whose budget, charts and trace the page shows, each section saying so
+    base = rank_reports[shown.rank]
     not_measured = [*unreadable, *base["not_measured"]]
     paced = rank_reports[job.paced_rank.rank]["run"]  # the rank whose step time is the job's
+    on_shown = [f for f in merged.findings if f.ranks is None or shown.rank in f.ranks]  # the job's, and its own
     run: RunFacts = {**base["run"], "median_step_s": job.step_s, "step_s": job.pace_s,
+                     "budget": budget_json(shown.run.budget, on_shown), "shown_rank": shown.rank,
                      "step_s_basis": paced["step_s_basis"], "step_s_steps": paced["step_s_steps"],
                      "step_s_evaluations": paced.get("step_s_evaluations", 0),
                      "step_s_stalls": paced.get("step_s_stalls", 0),
@@ -35,6 +40,8 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
         "summary": _summary(job, merged.findings, not_measured),
         "not_measured": not_measured,
         "cards": finding_cards(merged.findings, job.ranks[0].run, docs),
+        # One phase table per rank, in each rank's own report: the ranks' phases are not one step's.
+        "breakdown": {"phases": [], "mean_step_s": job.pace_s},
         "ranks": [_rank_row(r, rank_reports[r.rank], out_dir) for r in job.ranks],
         "links": {"trace": base["links"]["trace"], "run": os.fspath(out_dir.resolve())},
         "findings": [f.to_json() for f in merged.findings],
@@ -73,7 +80,9 @@ def _summary(job: Job, findings: list[FindingRecord], not_measured: list[NotMeas
 
 
 def job_verdict(job: Job, problems: list[FindingRecord], stepped: bool, status: Status) -> str:
-    """The crash first, then the largest problem, then how many there are."""
+    """The crash first, then the largest problem with what fixing it saves of the job's step, then how many more
+    there are. The ranks' savings do not add up as one run's do: a rank's fix speeds the job only where that rank
+    sets its pace, so the largest is said alone."""
     ranks = f"{job.world_size} rank{'' if job.world_size == 1 else 's'}"
     # The first to fail first: the others' failures often follow from it (gloo's "Connection closed by peer").
     failed = sorted(failed_ranks(job), key=_ended)
@@ -85,8 +94,16 @@ def job_verdict(job: Job, problems: list[FindingRecord], stepped: bool, status: 
     else:
         largest = max(problems, key=lambda f: f.impact or 0.0)
         more = f"; {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''}" if len(problems) > 1 else ""
-        said = f"{ranks}; {largest.title}{more}."
+        said = f"{ranks}; {largest.title}{_saving_of(largest, job.pace_s)}{more}."
     return f"{crash} {said}" if crash else said
+
+
+def _saving_of(finding: FindingRecord, pace_s: float | None) -> str:
+    """' (fixing it saves ~85% of each 90.9 ms step: ~13.5 ms/step)', of the job's step at its pace."""
+    if not finding.impact or not pace_s:
+        return ""
+    after = seconds(pace_s * (1 - finding.impact))
+    return f" (fixing it saves ~{finding.impact:.0%} of each {seconds(pace_s)} step: ~{after}/step)"
 
 
 def _ended(rank_run: RankRun) -> tuple[float, int]:

@@ -133,6 +133,7 @@ class RankJson(TypedDict):
 class RunFacts(_RunFields, total=False):
     world_size: int  # only in a torchrun job's merged findings.json
     ranks: list[RankJson]
+    shown_rank: int  # a job's merged report: the rank whose budget, charts and trace it shows
 
 
 class NotMeasuredRow(TypedDict):

@@ -209,7 +209,9 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
     lines.append("  " + "; ".join(facts))
     budget = run.get("budget")
     if budget:
-        lines.append("  " + _budget_line(budget))
+        line = _budget_line(budget)
+        shown = run.get("shown_rank")
+        lines.append("  " + (line.replace("each step:", f"rank {shown}'s steps:", 1) if shown is not None else line))
     windows = report.get("windows") or []
     if len(windows) > 1:
         charted = next((w["index"] for w in windows if w["charted"]), None)
