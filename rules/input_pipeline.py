@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
-from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_setting, loader_workers
+from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_setting, loader_workers, setting_at
 
 
 def _loader(run: Run) -> LoaderInfo:
@@ -75,6 +75,12 @@ def _loader_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
     setting = loader_setting(loader, workers, pin)
     if setting is not None:  # the Trainer builds the loader from its arguments: they are what the script sets
         return f"{setting}{where}: the Trainer then builds {torch_call}"
+    fed = setting_at(loader.location, "num_workers")
+    if fed is not None and fed.flag is not None:  # the script reads the count from its command line
+        rest = f" and{pinning.rstrip(',')} persistent_workers=True in the DataLoader" if pinning else (
+            " and persistent_workers=True in the DataLoader")
+        return (f"run with {fed.flag} {workers} (it feeds num_workers={fed.expression}{where}; the flag is declared at "
+                f"line {fed.flag_line}){rest}")
     return f"{torch_call}{where}"
 
 
@@ -116,8 +122,10 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     Example: `DataLoader(dataset, batch_size=32)` with image decoding in `__getitem__`.
 
     Fix: `DataLoader(dataset, batch_size=32, num_workers=N, pin_memory=True, persistent_workers=True)`,
-    N from the cores available; the workers load the next batches while the GPU computes (`pin_memory` is
-    suggested only when the script uses a GPU). A `TensorDataset` is in memory already: its cost is one
+    N from the cores available (this rank's share, where ranks share the host); the workers load the next
+    batches while the GPU computes (`pin_memory` is suggested only when the script uses a GPU). Where the script
+    reads num_workers from a command-line flag (`num_workers=args.workers`), the fix is that flag's value; where
+    Hugging Face's Trainer builds the loader, its `TrainingArguments(dataloader_num_workers=...)`. A `TensorDataset` is in memory already: its cost is one
     index and one collate per sample, and workers would add the cost of sending each batch between
     processes, so the fix there is a `BatchSampler` with `batch_size=None`, one index per batch (a
     LightningModule on a TensorDataset of 200,000 samples, batch 256, on an H100: predicted 33%; two

@@ -136,6 +136,8 @@ def test_hugging_face_trainer(gd: Gpudoctor) -> None:
     _same_as_plain(gd, "hf_trainer", [script("hf_trainer.py"), "--steps", "12"], result)
     assert _optimizer_steps(result) == 12
     assert result.findings()["run"]["step_source"] == "optimizer"
+    [loader] = result.events(LoaderEvent)  # the Trainer passes its batch through a batch sampler
+    assert (loader.batch_size, loader.made_by) == (4, "transformers")
 
 
 def test_accelerate_launch_runs_each_rank_under_gpudoctor(gd: Gpudoctor) -> None:

@@ -94,7 +94,10 @@ def test_gd101_fires_when_the_loader_runs_in_the_main_process(gd: Gpudoctor) -> 
     facts = evidence(finding)
     assert facts["num_workers"] == 0 and facts["batch size"] == 8
     assert 35 <= facts["data wait per step"] <= 80, facts  # 8 samples of 5 ms
-    assert "num_workers=" in finding["fix"]
+    # The script reads num_workers from its --workers flag: the fix is in its terms.
+    flag_line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if '"--workers"' in text)
+    assert finding["fix"].startswith("run with --workers ") and "num_workers=args.workers" in finding["fix"]
+    assert f"the flag is declared at line {flag_line}" in finding["fix"]
     assert finding["impact"] is not None and finding["impact"] > 0.15
 
 

@@ -10,6 +10,7 @@ from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
 from gpudoctor.analysis.run import NotEvaluated, Run
+from gpudoctor.analysis.settings import Setting, setting_at
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
     CopySite,
@@ -31,7 +32,8 @@ from gpudoctor.analysis.views import (
 
 __all__ = [
     "BatchGrowth", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo",
-    "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Step", "SyncSite",
+    "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Setting", "Step",
+    "SyncSite",
     "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
-    "loader_setting", "loader_workers", "worker_cpu_per_batch_s",
+    "loader_setting", "loader_workers", "setting_at", "worker_cpu_per_batch_s",
 ]

@@ -128,7 +128,7 @@ def _loader_event(loader: Any, number: int, origin: LoaderOrigin) -> LoaderEvent
     site, made_by = origin
     return LoaderEvent(
         loader_id=number, site=site, made_by=made_by, num_workers=loader.num_workers,
-        pin_memory=loader.pin_memory, batch_size=loader.batch_size, prefetch_factor=loader.prefetch_factor,
+        pin_memory=loader.pin_memory, batch_size=_batch_size(loader), prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers, drop_last=loader.drop_last,
         dataset=type(loader.dataset).__qualname__, dataset_len=_safe_len(loader.dataset),
         start_method=context.get_start_method() if context is not None else
@@ -141,3 +141,12 @@ def _safe_len(obj: Any) -> int | None:
         return len(obj)
     except Exception:  # noqa: BLE001 - an IterableDataset has no length, and a dataset's own __len__ may raise anything
         return None
+
+
+def _batch_size(loader: Any) -> int | None:
+    """The loader's batch: its batch_size, or its batch sampler's when it was given one (Hugging Face's Trainer
+    and Accelerate pass a batch sampler, and batch_size is then None)."""
+    if loader.batch_size is not None:
+        return int(loader.batch_size)
+    size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if type(size) is int else None

@@ -317,8 +317,13 @@ def source_snippet(location: LocationJson | None, run_cwd: str | None = None,
     numbers = range(max(1, line - SOURCE_CONTEXT), min(len(lines), line + SOURCE_CONTEXT) + 1)
     return {
         "file": str(path), "line": line, "changed_since_run": changed,
-        "lines": [{"number": n, "text": lines[n - 1][:MAX_SOURCE_LINE], "highlight": n == line} for n in numbers],
+        "lines": [{"number": n, "text": _shown_line(lines[n - 1]), "highlight": n == line} for n in numbers],
     }
+
+
+def _shown_line(text: str) -> str:
+    """A source line as the snippet shows it: whole (the page wraps it), or cut with a mark past MAX_SOURCE_LINE."""
+    return text if len(text) <= MAX_SOURCE_LINE else text[:MAX_SOURCE_LINE] + " …"
 
 
 def doc_paragraphs(doc: str | None) -> list[str]:
