@@ -125,11 +125,11 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     N from the cores available (this rank's share, where ranks share the host); the workers load the next
     batches while the GPU computes (`pin_memory` is suggested only when the script uses a GPU). Where the script
     reads num_workers from a command-line flag (`num_workers=args.workers`), the fix is that flag's value; where
-    Hugging Face's Trainer builds the loader, its `TrainingArguments(dataloader_num_workers=...)`. A `TensorDataset` is in memory already: its cost is one
-    index and one collate per sample, and workers would add the cost of sending each batch between
-    processes, so the fix there is a `BatchSampler` with `batch_size=None`, one index per batch (a
-    LightningModule on a TensorDataset of 200,000 samples, batch 256, on an H100: predicted 33%; two
-    pinned workers measured 7%, the BatchSampler 36%).
+    Hugging Face's Trainer builds the loader, its `TrainingArguments(dataloader_num_workers=...)`. A
+    `TensorDataset` is in memory already: its cost is one index and one collate per sample, and workers would add
+    the cost of sending each batch between processes, so the fix there is a `BatchSampler` with
+    `batch_size=None`, one index per batch (a LightningModule on a TensorDataset of 200,000 samples, batch 256, on
+    an H100: predicted 33%; two pinned workers measured 7%, the BatchSampler 36%).
 
     Severity: critical when the GPU idles at least half of each step waiting for data, else warning.
 
