@@ -1,4 +1,4 @@
-"""One set of numbers: a starved run's title, evidence, saving, breakdown and median step tell the same story."""
+"""One set of numbers: a starved run's title, evidence, saving and breakdown tell the same story, of one step."""
 
 from __future__ import annotations
 
@@ -23,9 +23,8 @@ def test_a_starved_runs_figures_agree(gd: Gpudoctor) -> None:
     title_share = int(re.search(r"(?:idles|waits) (\d+)% of (?:each step|its time)", finding["title"]).group(1)) / 100
     breakdown = {p["phase"]: p["share"] for p in report["breakdown"]["phases"]}
     evidence = {e["name"]: e["value"] for e in finding["evidence"]}
-    median = report["run"]["median_step_s"]
     assert abs(title_share - breakdown["data_wait"]) <= 0.05, (title_share, breakdown)
-    assert abs(evidence["step time"] / 1e3 - median) <= 0.1 * median, (evidence, median)
+    assert "step time" not in evidence  # the run's one step figure is the report's, not said again here
     assert report["breakdown"]["mean_step_s"] == report["run"]["step_s"]  # the phase table's step is the run's pace
     assert finding["saving_s"] == round(finding["impact"] * report["run"]["step_s"], 6)  # of the step shown
     assert finding["impact"] <= title_share + 0.005  # a what-if: never more than the wait it removes (title rounded)

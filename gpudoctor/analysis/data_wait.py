@@ -56,9 +56,10 @@ class DataWait:
         return self.share >= min_wait_share or self.starved_steps >= max(2.0, min_starved_steps * self.steps)
 
     def evidence(self) -> dict[str, object]:
+        """The wait, and how many steps it starved. The step it is a share of is the run's one step figure (the
+        report gives it), not shown again here: the mean of these steps differs from it by the window's."""
         figures: dict[str, object] = {
             "data wait per step": (round(self.wait_s * 1e3, 2), "ms"),
-            "step time": (round(self.wall_s * 1e3, 2), "ms"),
             "steps waiting over half their time": f"{self.starved_steps} of {self.steps}"}
         if self.gpu_work_s is not None:
             figures["GPU work per step"] = (round(self.gpu_work_s * 1e3, 2), "ms")
