@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_setting, loader_workers, setting_at
@@ -36,14 +37,29 @@ def _compute_s(run: Run, wall: float, wait: float) -> float:
     return max(host, gpu) if gpu is not None else host
 
 
-def _suggested_workers(load_s: float, compute_s: float, cores: float | None) -> int:
+@dataclass(frozen=True)
+class Workers:
+    """How many workers to suggest, and why that many, in the words the fix gives."""
+
+    count: int
+    why: str
+
+
+def _suggested_workers(run: Run, load_s: float, compute_s: float) -> Workers:
     """Enough workers that loading a batch in parallel takes less than a step's compute, within the cores (this
     rank's share of the host's, where several ranks share it)."""
+    cores = cores_per_rank(run)
     needed = math.ceil(1.5 * load_s / max(compute_s, 1e-6))
     # One core stays with the training process, except on the smallest hosts, where a starved training
     # process mostly waits and two workers still beat one.
     limit = max(2, int(cores or 2) - 1)
-    return max(1, min(limit, max(2, needed)))
+    count = max(1, min(limit, max(2, needed)))
+    if count == limit and needed > limit:
+        ranks = run.env.ranks_on_host
+        shared = f" (the host's {run.env.cores} shared by {ranks} ranks)" if ranks > 1 else ""
+        return Workers(count, f"as many as the {cores:g} cores{shared} allow, one kept for the training process")
+    return Workers(count, f"enough to load a batch ({load_s * 1e3:.1f} ms) in parallel within the step's "
+                          f"{compute_s * 1e3:.1f} ms of compute")
 
 
 def _cores_evidence(run: Run) -> dict[str, object]:
@@ -62,7 +78,13 @@ def _uses_a_gpu(run: Run) -> bool:
     return run.env.cuda_device is not None or run.gpu is not None
 
 
-def _loader_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
+def _loader_fix(loader: LoaderInfo, suggested: Workers, pin: bool) -> str:
+    """The fix, and why that many workers (a TensorDataset's fix is a batch sampler, not workers)."""
+    fix = _loader_call_fix(loader, suggested.count, pin)
+    return fix if _indexes_tensors_per_sample(loader) else f"{fix}: {suggested.count} workers, {suggested.why}"
+
+
+def _loader_call_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
     where = f" at {loader.location}" if loader.location else ""
     if _indexes_tensors_per_sample(loader):
         sampler = loader.sampler if loader.sampler in ("RandomSampler", "SequentialSampler") else "RandomSampler"
@@ -143,8 +165,8 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
         return
     wait, wall, share = starved.wait_s, starved.wall_s, starved.share
     compute = _compute_s(run, wall, wait)
-    workers = _suggested_workers(wait, compute, cores_per_rank(run))
-    fixed = max(compute, wait / workers)
+    workers = _suggested_workers(run, wait, compute)
+    fixed = max(compute, wait / workers.count)
     yield Finding(
         f"{_idles(run, share)} while the DataLoader loads the next batch in the main process",
         impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
@@ -190,10 +212,10 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         return
     compute = _compute_s(run, wall, wait)
     batch_s = wall * loader.num_workers  # starved, the loader delivers a batch every step
-    suggested = _suggested_workers(batch_s, compute, cores)
-    if suggested <= loader.num_workers:
+    suggested = _suggested_workers(run, batch_s, compute)
+    if suggested.count <= loader.num_workers:
         return
-    fixed = max(compute, batch_s / suggested)
+    fixed = max(compute, batch_s / suggested.count)
     yield Finding(
         f"{loader.num_workers} DataLoader worker{'s' if loader.num_workers > 1 else ''} cannot keep up: "
         f"{_waits_for_data(run, share)}",
