@@ -8,7 +8,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
-from gpudoctor.analysis import DataWait, LoaderInfo, cores_per_rank, loader_setting, loader_workers, setting_at
+from gpudoctor.analysis import (
+    DataWait,
+    LoaderInfo,
+    Location,
+    cores_per_rank,
+    loader_setting,
+    loader_workers,
+    setting_at,
+    settings_location,
+)
 
 
 def _loader(run: Run) -> LoaderInfo:
@@ -78,14 +87,21 @@ def _uses_a_gpu(run: Run) -> bool:
     return run.env.cuda_device is not None or run.gpu is not None
 
 
-def _loader_fix(loader: LoaderInfo, suggested: Workers, pin: bool) -> str:
-    """The fix, and why that many workers (a TensorDataset's fix is a batch sampler, not workers)."""
-    fix = _loader_call_fix(loader, suggested.count, pin)
+def _where_set(run: Run, loader: LoaderInfo) -> Location | None:
+    """The line where the script sets the loader's workers: its DataLoader(...), or where the Trainer builds the
+    loader, its TrainingArguments(...)."""
+    built = settings_location(run, loader) if loader_setting(loader, 1, False) is not None else None
+    return built or loader.location
+
+
+def _loader_fix(loader: LoaderInfo, suggested: Workers, pin: bool, at: Location | None) -> str:
+    """The fix at `at`, and why that many workers (a TensorDataset's fix is a batch sampler, not workers)."""
+    fix = _loader_call_fix(loader, suggested.count, pin, at)
     return fix if _indexes_tensors_per_sample(loader) else f"{fix}: {suggested.count} workers, {suggested.why}"
 
 
-def _loader_call_fix(loader: LoaderInfo, workers: int, pin: bool) -> str:
-    where = f" at {loader.location}" if loader.location else ""
+def _loader_call_fix(loader: LoaderInfo, workers: int, pin: bool, at: Location | None) -> str:
+    where = f" at {at}" if at else ""
     if _indexes_tensors_per_sample(loader):
         sampler = loader.sampler if loader.sampler in ("RandomSampler", "SequentialSampler") else "RandomSampler"
         return (f"DataLoader(dataset, sampler=BatchSampler({sampler}(dataset), batch_size={loader.batch_size}, "
@@ -169,9 +185,9 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     fixed = max(compute, wait / workers.count)
     yield Finding(
         f"{_idles(run, share)} while the DataLoader loads the next batch in the main process",
-        impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
+        impact=1 - fixed / wall, location=_where_set(run, loader), severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run)},
-        fix=_loader_fix(loader, workers, _uses_a_gpu(run)),
+        fix=_loader_fix(loader, workers, _uses_a_gpu(run), _where_set(run, loader)),
     )
 
 
@@ -219,10 +235,10 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     yield Finding(
         f"{loader.num_workers} DataLoader worker{'s' if loader.num_workers > 1 else ''} cannot keep up: "
         f"{_waits_for_data(run, share)}",
-        impact=1 - fixed / wall, location=loader.location, severity=_severity(share),
+        impact=1 - fixed / wall, location=_where_set(run, loader), severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run)},
-        fix=_loader_fix(loader, suggested, _uses_a_gpu(run)),
+        fix=_loader_fix(loader, suggested, _uses_a_gpu(run), _where_set(run, loader)),
     )
 
 

@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
-from gpudoctor.analysis import BatchGrowth, batch_setting, compile_setting
+from gpudoctor.analysis import BatchGrowth, batch_setting, compile_setting, settings_location
 
 # The start of GD301's evidence key for the saving per sample of a larger batch (bench/validate_impacts.py reads it).
 SAMPLE_SAVING = "saving per sample"
@@ -81,7 +81,8 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         evidence[f"{SAMPLE_SAVING}, batch {growth.factor}× larger"] = (round(growth.sample_saving * 100), "%")
     yield Finding(
         f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
-        impact=impact, location=(loader.location if loader else None) or run.forward_location,
+        impact=impact, location=settings_location(run, loader) or (loader.location if loader else None)
+        or run.forward_location,
         evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(run, batch, growth, headroom)}",
     )
 

@@ -104,7 +104,7 @@ def test_lightning_ddp_profiles_the_ranks_lightning_starts(gd: Gpudoctor, strate
 
 
 TRAIN_DATALOADER_LINE = 29  # tests/scripts/lightning_train.py: `return DataLoader(self.data, batch_size=32)`
-TRAINER_TRAIN_LINE = 42  # tests/scripts/hf_trainer.py: `result = trainer.train()`
+TRAINING_ARGUMENTS_LINE = 38  # tests/scripts/hf_trainer.py: `training = TrainingArguments(...)`
 
 
 def test_a_loader_lightning_rebuilds_keeps_the_line_that_made_it(tmp_path: Path) -> None:
@@ -127,8 +127,10 @@ def test_the_trainers_loader_is_fixed_through_its_arguments(gd: Gpudoctor) -> No
     assert starved["fix"].startswith("TrainingArguments(dataloader_num_workers=")
     assert "dataloader_persistent_workers=True" in starved["fix"] and "the Trainer then builds DataLoader(" in starved[
         "fix"]
+    # The Trainer builds the loader from its arguments: the line to change is where the script sets them.
     assert (Path(starved["location"]["file"]).name, starved["location"]["line"]) == ("hf_trainer.py",
-                                                                                     TRAINER_TRAIN_LINE)
+                                                                                     TRAINING_ARGUMENTS_LINE)
+    assert f"hf_trainer.py:{TRAINING_ARGUMENTS_LINE}: the Trainer then builds DataLoader(" in starved["fix"]
 
 
 def test_hugging_face_trainer(gd: Gpudoctor) -> None:

@@ -46,3 +46,20 @@ def test_no_setting_without_the_keyword_or_the_file(tmp_path: Path) -> None:
     assert setting_at(Location(file, 10, "<module>"), "pin_memory") is None
     assert setting_at(Location(str(tmp_path / "gone.py"), 3, "<module>"), "num_workers") is None
     assert setting_at(None, "num_workers") is None
+
+
+def test_a_call_is_found_with_the_function_it_is_in(tmp_path: Path) -> None:
+    from gpudoctor.analysis.settings import call_of
+
+    path = tmp_path / "finetune.py"
+    path.write_text(textwrap.dedent('''\
+        from transformers import Trainer, TrainingArguments
+
+
+        def main():
+            args = TrainingArguments(output_dir="out",
+                                     per_device_train_batch_size=4)
+            Trainer(args=args).train()
+        '''), encoding="utf-8")
+    assert call_of(str(path), "TrainingArguments") == Location(str(path), 5, "main")
+    assert call_of(str(path), "DataLoader") is None

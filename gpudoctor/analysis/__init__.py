@@ -6,7 +6,7 @@ most are defined in `gpudoctor.analysis.views`.
 
 from gpudoctor.analysis.batch_growth import BatchGrowth
 from gpudoctor.analysis.data_wait import DataWait
-from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader_setting
+from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader_setting, settings_location
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
 from gpudoctor.analysis.run import NotEvaluated, Run
@@ -35,5 +35,5 @@ __all__ = [
     "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Setting", "Step",
     "SyncSite",
     "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
-    "loader_setting", "loader_workers", "setting_at", "worker_cpu_per_batch_s",
+    "loader_setting", "loader_workers", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

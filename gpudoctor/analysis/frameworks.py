@@ -5,10 +5,20 @@ usual way to compile a model it trains (Lightning trains a compiled LightningMod
 from __future__ import annotations
 
 from gpudoctor.analysis.run import Run
-from gpudoctor.analysis.views import LoaderInfo
+from gpudoctor.analysis.settings import call_of
+from gpudoctor.analysis.views import LoaderInfo, Location
 
 TRAINER = "transformers"  # Hugging Face's Trainer, as Env.frameworks and LoaderInfo.made_by name it
 LIGHTNING = "lightning"
+
+
+def settings_location(run: Run, loader: LoaderInfo | None) -> Location | None:
+    """Where the script sets what the framework builds from: its `TrainingArguments(...)` (in the file whose line
+    led to the loader, or to the model's call), where it trains through Hugging Face's Trainer."""
+    if TRAINER not in run.env.frameworks:
+        return None
+    near = (loader.location if loader is not None else None) or run.forward_location
+    return call_of(near.file, "TrainingArguments") if near is not None else None
 
 
 def builds_the_loader(loader: LoaderInfo) -> str | None:

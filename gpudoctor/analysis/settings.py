@@ -76,3 +76,26 @@ def _flag_of(tree: ast.Module, name: str | None) -> tuple[str | None, int | None
         if dest == name or (dest is None and longest.lstrip("-").replace("-", "_") == name):
             return longest, node.lineno
     return None, None
+
+
+def call_of(file: str, callee: str) -> Location | None:
+    """Where the script at `file` calls `callee` (`TrainingArguments(...)`, `Trainer(...)`), first in the file."""
+    tree = _parsed(file)
+    if tree is None:
+        return None
+    for function, node in _calls(tree, "<module>"):
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name == callee:
+            return Location(file, node.lineno, function)
+    return None
+
+
+def _calls(node: ast.AST, function: str) -> list[tuple[str, ast.Call]]:
+    """Every call under `node`, in the order of the source, with the function it is in."""
+    found: list[tuple[str, ast.Call]] = []
+    for child in ast.iter_child_nodes(node):
+        inside = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+        if isinstance(child, ast.Call):
+            found.append((function, child))
+        found += _calls(child, inside)
+    return sorted(found, key=lambda pair: (pair[1].lineno, pair[1].col_offset))
