@@ -95,7 +95,7 @@ def test_the_merged_report_tells_one_story_of_the_job(merged: dict[str, dict], b
     straggler = report["findings"][0]
     assert step == max(r["step_s"] for r in report["run"]["ranks"])
     assert straggler["saving_s"] == pytest.approx(straggler["impact"] * step, abs=2e-6)
-    saving = f"(fixing it saves ~{straggler['impact']:.0%} of each {seconds(step)} step: ~"
+    saving = f"(fixing it saves ~{straggler['impact']:.0%} of each {seconds(step)} step, down to ~"
     assert saving in report["summary"]["verdict"]
     assert report["run"]["shown_rank"] == 0
     slices = {s["slice"]: s for s in report["run"]["budget"]["slices"]}

@@ -60,7 +60,7 @@ def test_format_selects_what_is_written(gd: Gpudoctor) -> None:
     assert "gpudoctor:" not in only_json.stderr  # no terminal summary unless text is asked for
     text_only = gd.run("analyze", bundle, "--out", "b", "--format", "text")
     assert text_only.returncode == 0 and not list((gd.cwd / "b").iterdir())
-    assert text_only.stderr.startswith("gpudoctor: GPU idle") and "GD101" in text_only.stderr
+    assert text_only.stderr.startswith("gpudoctor: 1 problem;") and "GD101" in text_only.stderr
     both = gd.run("analyze", bundle, "--out", "c", "--format", "html", "--format", "TEXT,json")
     assert both.returncode == 0 and sorted(p.name for p in (gd.cwd / "c").iterdir()) == ["findings.json", "report.html"]
     assert "report: " in both.stderr

@@ -157,7 +157,7 @@ MAX_TOTAL_SAVING = 0.95
 def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
              elsewhere: str | None = None, step_s: float | None = None) -> str:
     """What the user gains, in the run's one step figure (`step_s`, the step at the run's pace): '2 problems; fixing
-    them saves ~70% of each 10.2 ms step: ~3.1 ms/step.' A GPU's idle share is said only when no saving is:
+    them saves ~70% of each 10.2 ms step, down to ~3.1 ms.' A GPU's idle share is said only when no saving is:
     beside one, a reader takes it for the cost. `elsewhere` names the processes the script started to do its
     work, when there are any."""
     if not steps and elsewhere:
@@ -175,7 +175,7 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
     total = min(MAX_TOTAL_SAVING, sum(f.impact or 0.0 for f in problems))
     if total <= 0:
         return f"{idle_text}; {count}."
-    after = f": ~{seconds(step_s * (1 - total))}/step" if step_s else ""
+    after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
     return f"{count}; fixing {'them' if len(problems) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
 
 
