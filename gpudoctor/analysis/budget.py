@@ -102,22 +102,30 @@ class Budget:
         return sum(s.share for s in self.slices if s.name in names)
 
 
-def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | None,
+def step_splits(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | None) -> list[dict[str, float]] | None:
+    """Each step that lies on the trace with GPU activity split into the slices, in seconds; None without GPU
+    activity. The budget and the syncs' idle (`idle_in_syncs`) are both made of these: split once a run."""
+    if gpu is None or trace is None:
+        return None
+    splitter = _Splitter(gpu, trace)
+    return [splitter.split(step) for step in steps if step.gpu_busy_s is not None]
+
+
+def step_budget(steps: Sequence[Step], splits: list[dict[str, float]] | None,
                 steady_wait_share: float | None = None, step_s: float | None = None,
                 outside_window: bool = False, sync_blocked_s: float | None = None) -> Budget | None:
-    """The budget of the steps that lie on the trace with GPU activity (None when there is none), with the data
-    wait of every step after start-up (`steady_wait_share`) and in seconds of `step_s` when given; when `step_s`
-    was timed on the steps outside the profiling window (`outside_window`), without the profiler's own cost; with
-    the host's time blocked in synchronizing calls per step (`sync_blocked_s`), the drain they leave counted as
-    theirs."""
-    if gpu is None or trace is None:
+    """The budget of the steps that lie on the trace with GPU activity (their `splits`; None when there is none),
+    with the data wait of every step after start-up (`steady_wait_share`) and in seconds of `step_s` when given;
+    when `step_s` was timed on the steps outside the profiling window (`outside_window`), without the profiler's
+    own cost; with the host's time blocked in synchronizing calls per step (`sync_blocked_s`), the drain they
+    leave counted as theirs."""
+    if splits is None:
         return None
     placed = [s for s in steps if s.gpu_busy_s is not None]
     mean_step = statistics.fmean(s.wall_s for s in placed) if placed else 0.0
     if mean_step <= 0:
         return None
-    splitter = _Splitter(gpu, trace)
-    per_step = [splitter.split(step) for step in placed]
+    per_step = splits
     shares = {name: statistics.fmean(split.get(name, 0.0) for split in per_step) / mean_step for name in SLICES}
     if steady_wait_share is not None:
         shares = _with_wait_share(shares, steady_wait_share)
@@ -131,11 +139,10 @@ def step_budget(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | N
                   profiler_s)
 
 
-def idle_in_syncs(steps: Sequence[Step], gpu: GpuView, trace: TraceData) -> float:
-    """GPU idle summed over `steps`, past each step's data wait, that a synchronizing call overlaps: the budget's
-    `sync` slice before the drain after the calls is added to it (`_with_drain_after_syncs`)."""
-    splitter = _Splitter(gpu, trace)
-    return sum(splitter.split(step).get("sync", 0.0) for step in steps if step.gpu_busy_s is not None)
+def idle_in_syncs(splits: list[dict[str, float]]) -> float:
+    """GPU idle summed over the steps split, past each step's data wait, that a synchronizing call overlaps: the
+    budget's `sync` slice before the drain after the calls is added to it (`_with_drain_after_syncs`)."""
+    return sum(split.get("sync", 0.0) for split in splits)
 
 
 def _with_wait_share(shares: dict[str, float], wait: float) -> dict[str, float]:

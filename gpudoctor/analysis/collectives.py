@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 from gpudoctor import intervals
+from gpudoctor.analysis.gpu_ops import GPU_KINDS
 from gpudoctor.analysis.trace import COLLECTIVE_ANNOTATIONS, TraceData
 from gpudoctor.analysis.views import Step
 
@@ -25,28 +27,50 @@ def is_collective_kernel(name: str) -> bool:
 
 def collective_spans(trace: TraceData | None) -> intervals.Disjoint | None:
     """The union of the trace's collectives: NCCL kernels if it has any (the host's "nccl:" annotations time only
-    the launch), else gloo's annotations. None when the trace has no collective at all."""
-    if trace is None:
-        return None
-    kernels = [(op.start, op.end) for op in trace.gpu_ops if op.kind == "kernel" and is_collective_kernel(op.name)]
-    spans = kernels or [(a.start, a.end) for a in trace.annotations if a.name.startswith(COLLECTIVE_ANNOTATIONS)]
-    if not spans:
-        return None
-    starts, ends = zip(*sorted(spans))
-    return intervals.union_of(starts, ends)
+    the launch), else gloo's annotations. None when the trace has no collective at all. Computed once a trace."""
+    return None if trace is None else trace.derived("collective_spans", _collective_spans)
+
+
+def _collective_spans(trace: TraceData) -> intervals.Disjoint | None:
+    spans = _kernel_spans(trace, collective=True)
+    if spans is None:
+        spans = _union([(a.start, a.end) for a in trace.annotations if a.name.startswith(COLLECTIVE_ANNOTATIONS)])
+    return spans if spans is not None and len(spans) else None
 
 
 def compute_spans(trace: TraceData) -> intervals.Disjoint:
     """What collectives can overlap: the GPU's other kernels; on a CPU-only trace, the operators of the threads
-    that run no collective (the training thread's forward and backward), c10d's own calls left out."""
-    kernels = [(op.start, op.end) for op in trace.gpu_ops if op.kind == "kernel" and not is_collective_kernel(op.name)]
-    if not kernels:
-        collective_threads = {a.tid for a in trace.annotations if a.name.startswith(COLLECTIVE_ANNOTATIONS)}
-        kernels = [(op.start, op.end) for op in trace.ops
-                   if op.tid not in collective_threads and not op.name.startswith("c10d::")]
-    if not kernels:
-        return intervals.union_of([], [])
-    starts, ends = zip(*sorted(kernels))
+    that run no collective (the training thread's forward and backward), c10d's own calls left out. Computed once
+    a trace."""
+    return trace.derived("compute_spans", _compute_spans)
+
+
+def _compute_spans(trace: TraceData) -> intervals.Disjoint:
+    kernels = _kernel_spans(trace, collective=False)
+    if kernels is not None:
+        return kernels
+    collective_threads = {a.tid for a in trace.annotations if a.name.startswith(COLLECTIVE_ANNOTATIONS)}
+    found = _union([(op.start, op.end) for op in trace.ops
+                    if op.tid not in collective_threads and not op.name.startswith("c10d::")])
+    return found if found is not None else intervals.union_of([], [])
+
+
+def _kernel_spans(trace: TraceData, collective: bool) -> intervals.Disjoint | None:
+    """The union of the trace's kernels that are collectives (or that are not), read from the ops' columns: a name
+    is looked at once, not once per op. None when there is no such kernel."""
+    ops = trace.gpu_ops
+    kernel = GPU_KINDS.index("kernel")
+    wanted = {i for i, name in enumerate(ops.columns.names) if is_collective_kernel(str(name)) == collective}
+    keep = [k == kernel and n in wanted for k, n in zip(ops.kinds(), ops.name_ids())]
+    if not any(keep):
+        return None
+    return _union(list(zip(compress(ops.starts(), keep), compress(ops.ends(), keep))))
+
+
+def _union(spans: list[tuple[float, float]]) -> intervals.Disjoint | None:
+    if not spans:
+        return None
+    starts, ends = zip(*sorted(spans))
     return intervals.union_of(starts, ends)
 
 

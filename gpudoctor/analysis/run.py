@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from gpudoctor import bundle as bundle_io
 from gpudoctor.analysis.batch_growth import BatchGrowth, batch_growth, kernel_fills
-from gpudoctor.analysis.budget import Budget, idle_in_syncs, step_budget
+from gpudoctor.analysis.budget import Budget, idle_in_syncs, step_budget, step_splits
 from gpudoctor.analysis.collectives import collective_only_s
 from gpudoctor.analysis.data_wait import DataWait, data_wait
 from gpudoctor.analysis.events import ANALYSED_WINDOW_STATES, TRACED_WINDOW_STATES, RunEvents
@@ -274,8 +274,13 @@ class Run:
         from gpudoctor.analysis.timebase import step_time  # timebase reads a Run: imported here, not above
 
         pace = step_time(self)
-        return step_budget(self.steps, self.gpu, self.trace, self.steady_wait_share, pace.seconds,
+        return step_budget(self.steps, self._step_splits, self.steady_wait_share, pace.seconds,
                            outside_window=pace.basis == "unprofiled", sync_blocked_s=self.sync_blocked_s)
+
+    @cached_property
+    def _step_splits(self) -> list[dict[str, float]] | None:
+        """The analysed steps split into the budget's slices, once (analysis.budget.step_splits)."""
+        return step_splits(self.steps, self.gpu, self.trace)
 
     @cached_property
     def sync_blocked_s(self) -> float | None:
@@ -347,7 +352,7 @@ class Run:
         blocked: `sync_blocked_s`). None when the trace has no GPU activity."""
         if self.gpu is None or self.trace is None or not self.steps:
             return None
-        return idle_in_syncs(self.steps, self.gpu, self.trace)
+        return idle_in_syncs(self._step_splits or [])
 
     def _why_no_gpu(self) -> str:
         if self.trace_error is not None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -96,6 +96,8 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args | None = None
 
 
+T = TypeVar("T")
+
 @dataclass
 class TraceData:
     path: Path
@@ -110,6 +112,15 @@ class TraceData:
     # only synchronizing calls and graph launches (SYNC_RUNTIME) and the ProfilerStep#, gpudoctor/ and
     # DataLoader annotations; `ops` and `python` are empty.
     detail: bool = True
+    # What views derive from the trace and several need (the collectives' spans, ...), computed once each: see
+    # `derived`.
+    _derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def derived(self, key: str, compute: Callable[[TraceData], T]) -> T:
+        """`compute(self)`, computed once for this trace under `key`."""
+        if key not in self._derived:
+            self._derived[key] = compute(self)
+        return cast("T", self._derived[key])
 
     @property
     def has_gpu(self) -> bool:

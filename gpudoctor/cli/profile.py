@@ -11,7 +11,7 @@ from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.launch import followed, inner_job
+from gpudoctor.launch import inner_job
 from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
 from gpudoctor.launch.profile import profile as run_profile
 from gpudoctor.launch.run_dir import python_program
@@ -283,6 +283,8 @@ def _merge_inner_job(rank_dir: Path, prepared: PreparedRules, formats: tuple[str
 
 
 def _stopped_ranks(outcome: ProfileOutcome) -> str | None:
+    from gpudoctor.launch import followed  # its samplers' imports are the profile's own, made on use
+
     count = len(outcome.stopped_ranks)
     if not count:
         return None

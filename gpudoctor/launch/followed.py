@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -29,7 +30,9 @@ from gpudoctor.bundle.manifest import ExceptionInfo, ExitInfo, Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 from gpudoctor.errors import BundleError
 from gpudoctor.launch.manifest import ChildReport, child_report, final_manifest
-from gpudoctor.launch.samplers import Samplers
+
+if TYPE_CHECKING:
+    from gpudoctor.launch.samplers import Samplers
 
 LAUNCHER_DIR = "launcher"  # the script's own bundle, when its process only started the ranks
 RANKS_GRACE_S = 30.0  # after the script's own process ended, how long its ranks get to end by themselves
