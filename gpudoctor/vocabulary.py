@@ -1,6 +1,6 @@
-"""The names other tools rely on: findings.json's categories and severities (least severe first), and the entry-point
-group that rule packages register under. Kept free of imports: the command line reads them before it starts a
-script."""
+"""The names other tools rely on: findings.json's categories and severities (least severe first), the entry-point
+group that rule packages register under, and the formats `gpudoctor diff` writes. Kept free of imports: the command
+line reads them before it starts a script."""
 
 from __future__ import annotations
 
@@ -10,3 +10,4 @@ CATEGORIES = (
 )
 SEVERITIES = ("info", "warning", "critical")
 ENTRY_POINT_GROUP = "gpudoctor.rules"
+DIFF_FORMATS = ("text", "json", "html")

@@ -79,3 +79,18 @@ def test_option_types_are_words(columns: int, command: str) -> None:
 def test_profile_help_says_where_gpudoctors_options_go() -> None:
     text = " ".join(_help(100, "profile").split())
     assert "gpudoctor's options go before SCRIPT: everything after it is the script's own." in text
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["analyze", "--help"], ["rules", "new", "--help"], ["diff", "--help"]])
+def test_help_answers_without_importing_the_analysis(argv: list[str]) -> None:
+    """The help of every command comes from the command line's own modules: the analysis, the engine, the rules and
+    the report are imported by a command when it runs, so that `gpudoctor --help` answers at once."""
+    probe = ("import sys\nfrom gpudoctor.cli import main\nsys.argv = ['gpudoctor', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "heavy = sorted(m for m in sys.modules if m.split('.')[:2] in (['gpudoctor', 'analysis'], "
+             "['gpudoctor', 'engine'], ['gpudoctor', 'report'], ['gpudoctor', 'diagnose'], ['gpudoctor', 'rules']))\n"
+             "print('imported:', heavy, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert "Usage:" in done.stdout
+    assert "imported: []" in done.stderr

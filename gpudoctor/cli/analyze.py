@@ -26,18 +26,11 @@ from gpudoctor.cli.app import (
     _write,
     app,
 )
-from gpudoctor.diagnose import (
-    analysis_input,
-    diagnose,
-    open_run,
-    prepare_rules,
-)
-from gpudoctor.diffing import compare_runs, write_file
 from gpudoctor.errors import EXIT_FINDINGS, InputNotFoundError
-from gpudoctor.job import is_job_dir
-from gpudoctor.job.merge import diagnose_job
-from gpudoctor.report.diff_render import DIFF_FORMATS, render_diff
-from gpudoctor.ui.trace_progress import TraceProgress
+from gpudoctor.vocabulary import DIFF_FORMATS
+
+# The commands import the analysis, the engine and the report when they run, not here: `gpudoctor --help` and a
+# usage error answer without them.
 
 
 @app.command(cls=_Command, help=ANALYZE_HELP,
@@ -53,6 +46,11 @@ def analyze(
     output_formats: FormatOption = None,
 ) -> None:
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
+    from gpudoctor.diagnose import analysis_input, diagnose, open_run, prepare_rules
+    from gpudoctor.job import is_job_dir
+    from gpudoctor.job.merge import diagnose_job
+    from gpudoctor.ui.trace_progress import TraceProgress
+
     _check_fail_on(fail_on)
     formats = _formats(output_formats)
     for path in paths:
@@ -116,6 +114,9 @@ def diff(
     rules: RulesOption = None,
 ) -> None:
     """Compare two runs: median steps, speed-up, and the findings resolved, new and remaining."""
+    from gpudoctor.diffing import compare_runs, write_file
+    from gpudoctor.report.diff_render import render_diff
+
     chosen = _diff_format(output_format, out)
     text = render_diff(compare_runs(before, after, tuple(rules or ()), progress=sys.stderr), chosen)
     if out is None:

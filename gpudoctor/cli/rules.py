@@ -4,7 +4,7 @@ rule."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,19 +13,22 @@ from gpudoctor.cli.app import (
     _Command,
     rules_app,
 )
-from gpudoctor.diagnose import (
-    RuleSelection,
-    load_project_rules,
-)
-from gpudoctor.engine import CATEGORIES, Rule, doc_warning, find_rule, retired_codes
-from gpudoctor.engine.scaffold import DEFAULT_NAME, new_rule
 from gpudoctor.errors import InputNotFoundError
+from gpudoctor.vocabulary import CATEGORIES
+
+if TYPE_CHECKING:
+    from gpudoctor.engine import Rule
+
+# The commands import the engine and the rules when they run: `gpudoctor --help` answers without them.
 
 
 @rules_app.command("list", cls=_Command, short_help="List the rules, where each comes from, and the retired codes.")
 def rules_list(rules: RulesOption = None) -> None:
     """List every rule: code, name, category and where it comes from (built-in, package:, file:, module:); then the
     retired codes, with why."""
+    from gpudoctor.diagnose import RuleSelection, load_project_rules
+    from gpudoctor.engine import retired_codes
+
     project = load_project_rules(rules or ())
     selected = {r.code for r in project.selected(RuleSelection())}
     for r in sorted(project.rules, key=lambda r: (r.source != "built-in", r.code)):
@@ -45,6 +48,9 @@ def rules_explain(
     rules: RulesOption = None,
 ) -> None:
     """Show a rule's documentation, its options with their defaults, and the values pyproject.toml sets."""
+    from gpudoctor.diagnose import load_project_rules
+    from gpudoctor.engine import find_rule
+
     project = load_project_rules(rules or ())
     r = find_rule(project.rules, code, "rules explain")
     if r is None:
@@ -64,6 +70,9 @@ def rules_check(rules: RulesOption = None) -> None:
     """Load your team's rules (--rules, pyproject.toml's [tool.gpudoctor], installed packages) as `profile` does,
     and say, rule by rule, which sections of the built-in rules' documentation each docstring lacks ('What it
     detects:', 'Why it matters:', 'Fix:'). A rule without them still loads and runs: these are warnings."""
+    from gpudoctor.diagnose import load_project_rules
+    from gpudoctor.engine import doc_warning
+
     project = load_project_rules(rules or ())
     custom = [r for r in project.rules if r.source != "built-in"]
     warnings = [w for w in (doc_warning(r) for r in custom) if w is not None]
@@ -78,14 +87,18 @@ def rules_check(rules: RulesOption = None) -> None:
 def rules_new(
     code: Annotated[str, typer.Argument(
         metavar="CODE", help="The rule's code: your team's prefix and three digits, e.g. ACME101.")],
-    name: Annotated[str, typer.Option("--name", metavar="NAME", help="The rule's kebab-case name.")] = DEFAULT_NAME,
+    name: Annotated[str | None, typer.Option(
+        "--name", metavar="NAME", show_default=False,
+        help="The rule's kebab-case name (default: the starter's, long-data-wait).")] = None,
     category: Annotated[str, typer.Option(
         "--category", metavar="CATEGORY", help=f"One of: {', '.join(CATEGORIES)}.")] = "data_starvation",
     directory: Annotated[Path, typer.Option(
         "--dir", metavar="DIR", help="Where to write the rule and its test.")] = Path("."),
 ) -> None:
     """Write a starter rule, DIR/<code>.py, and its test, DIR/test_<code>.py."""
-    rule_file, test_file = new_rule(code, name, category, directory)
+    from gpudoctor.engine.scaffold import DEFAULT_NAME, new_rule
+
+    rule_file, test_file = new_rule(code, name or DEFAULT_NAME, category, directory)
     print(f"wrote {rule_file} and {test_file}\n"
           f"  list it:  gpudoctor rules list --rules {rule_file}\n"
           f"  test it:  python -m pytest {test_file}\n"

@@ -17,11 +17,11 @@ from gpudoctor.bundle.findings import FindingRecord, LocationJson
 from gpudoctor.paths import findings_schema, templates_dir
 from gpudoctor.report.diff import Remaining, RunDiff, RunFindings, Source
 from gpudoctor.report.units import percent, seconds
+from gpudoctor.vocabulary import DIFF_FORMATS
 
 __all__ = ["DIFF_FORMATS", "DiffDocument", "diff_document", "diff_schema", "diff_to_html", "diff_to_json",
            "diff_to_text", "render_diff", "speed_phrase", "speed_trend"]
 
-DIFF_FORMATS = ("text", "json", "html")
 DIFF_SCHEMA_VERSION = 1  # of the diff document's shape (fields may be added; none removed or changed)
 SAME_SPEED = 0.005  # a speed-up within half a percent of 1 reads as "the same speed" (it prints as 1.00x)
 
