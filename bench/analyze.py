@@ -6,7 +6,8 @@
         --hta-python /tmp/hta/bin/python
 
 Builds a synthetic torch.profiler trace of --size-mb MB of JSON (gzipped, as gpudoctor writes it) by
-replicating the steps of a recorded fixture (healthy_transformer by default) with shifted timestamps,
+replicating the steps of a recorded fixture (data_starvation_cpu_bound_fixed by default: a healthy training step
+recorded on an H200 with its ProfilerStep#N annotations and CPU operators) with shifted timestamps,
 renumbered ProfilerStep#N and fresh correlation ids, keeping the events of --event-mix:
 
   recorded     every event of the fixture (about 9% of them GPU kernels, memcpys and memsets),
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "fixtures" / "bundles" / "healthy_transformer" / "trace.json.gz"
+FIXTURE = ROOT / "fixtures" / "bundles" / "data_starvation_cpu_bound_fixed" / "trace.json.gz"
 MB = 1_000_000
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 ID_ARGS = ("correlation", "External id", "Python id", "Python parent id", "Sequence number")
@@ -118,7 +119,8 @@ def build_trace(fixture: Path, size_mb: float, out: Path, info_path: Path | None
     steps = sorted(int(m.group(1)) for e in repeated if e.get("cat") == "user_annotation"
                    for m in [_STEP.match(str(e.get("name", "")))] if m)
     if not steps:
-        sys.exit(f"{fixture} has no ProfilerStep#N annotations to replicate")
+        sys.exit(f"{fixture} has no ProfilerStep#N annotations to replicate; choose a fixture that has, such as "
+                 f"{FIXTURE.relative_to(ROOT)}")
     first_step, n_steps = steps[0], steps[-1] - steps[0] + 1
     timed = [e for e in repeated if "ts" in e]
     t0 = min(float(e["ts"]) for e in timed)
