@@ -14,8 +14,9 @@ import jinja2
 
 from gpudoctor import __version__
 from gpudoctor.bundle.findings import FindingRecord, LocationJson
-from gpudoctor.paths import findings_schema, templates_dir
+from gpudoctor.paths import findings_schema
 from gpudoctor.report.diff import Remaining, RunDiff, RunFindings, Source
+from gpudoctor.report.templates import template_environment
 from gpudoctor.report.units import percent, seconds
 from gpudoctor.vocabulary import DIFF_FORMATS
 
@@ -191,11 +192,7 @@ def diff_to_text(diff: RunDiff) -> str:
 
 # -- HTML -------------------------------------------------------------------------------------------------
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "j2"), default_for_string=True),
-        undefined=jinja2.StrictUndefined,
-    )
+    env = template_environment()
     env.filters.update(seconds=seconds, percent=percent, median=_median, speed=speed_phrase, trend=speed_trend)
     return env
 

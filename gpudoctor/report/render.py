@@ -11,9 +11,9 @@ import jinja2
 from markupsafe import Markup, escape
 
 from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
-from gpudoctor.paths import templates_dir
 from gpudoctor.report import svg
 from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
+from gpudoctor.report.templates import template_environment
 from gpudoctor.report.units import elapsed, percent, seconds, step_after
 
 
@@ -46,11 +46,7 @@ def _windows_seen(seen: list[FindingWindowJson], total: int) -> str:
 
 
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "j2"), default_for_string=True),
-        undefined=jinja2.StrictUndefined,
-    )
+    env = template_environment()
     env.filters["seconds"] = seconds
     env.filters["percent"] = percent
     env.filters["elapsed"] = elapsed
