@@ -15,7 +15,6 @@ import statistics
 from pathlib import Path
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.timebase import step_source, window_distortion
 
 BUNDLES = Path(__file__).resolve().parent.parent / "fixtures" / "bundles"
 
@@ -29,15 +28,15 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     for bundle in sorted(p for p in args.bundles.iterdir() if (p / "manifest.json").is_file()):
         run = Run.from_bundle(bundle)
-        distortion = window_distortion(run)
+        distortion = run.distortion
         settings = run.manifest.window
         light = settings is not None and settings.detail > 0
         kind = "GPU activity only, detail steps after" if light else "CPU + CUDA, shapes, hooks"
         if distortion.ratio is None:
-            print(f"| {bundle.name} | {step_source(run)} | — | — | — ({distortion.reason}) | {kind} |")
+            print(f"| {bundle.name} | {run.step_source} | — | — | — ({distortion.reason}) | {kind} |")
             continue
         ratios.setdefault(kind, []).append(distortion.ratio)
-        print(f"| {bundle.name} | {step_source(run)} | {distortion.profiled_s * 1e3:.2f} ms "
+        print(f"| {bundle.name} | {run.step_source} | {distortion.profiled_s * 1e3:.2f} ms "
               f"| {distortion.unprofiled_s * 1e3:.2f} ms | {distortion.ratio:.2f}x | {kind} |")
     for kind, values in ratios.items():
         within = sum(1 for r in values if r <= 1.10)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
@@ -44,22 +43,17 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     of the GPU the kernels fill. It errs both ways: small_batch_bad's 74% at 8× against 97% measured at
     64×; up to 18% high on public programs (docs/rules.md).
     """
-    gpu = run.require_gpu()
-    steps = [s for s in run.require_steps() if s.gpu_busy_s is not None]
-    if not steps:
+    run.require_gpu()
+    run.require_steps()
+    launches = run.gpu_work.launches  # the placed steps' shares and kernels (analysis.gpu_work.Launches)
+    if launches is None or (run.python_threads_sharing or 1) > 1:
         return
-    wall = sum(s.wall_s for s in steps)
-    busy = sum(s.gpu_busy_s or 0.0 for s in steps) / wall
-    wait = sum(s.data_wait_s for s in steps) / wall
-    stalled = (run.sync_stall_s or 0.0) / wall
-    durations = [d for s in steps for d in gpu.kernels_in(s.start, s.end).durations()]  # a float per kernel
-    if (run.python_threads_sharing or 1) > 1:
+    busy, stalled = launches.busy_share, launches.stalled_share
+    if busy + stalled >= max_busy_share or launches.wait_share >= max_wait_share:
         return
-    if not durations or busy + stalled >= max_busy_share or wait >= max_wait_share:
-        return
-    if (1 - busy - stalled) * wall / len(durations) * 1e6 > max_idle_per_kernel_us:
+    if launches.idle_per_kernel_s * 1e6 > max_idle_per_kernel_us:
         return  # the host does other work between launches
-    median_us = statistics.median(durations) * 1e6
+    median_us = launches.median_kernel_s * 1e6
     if median_us >= max_median_kernel_us:
         return
     idle, impact = 1 - busy, 1 - busy - stalled
@@ -71,7 +65,7 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     loader = run.loader.main
     batch = loader.batch_size if loader else None
     headroom, growth = run.memory_headroom, run.batch_growth
-    evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(len(durations) / len(steps)),
+    evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(launches.kernels_per_step),
                 "median kernel": (round(median_us, 1), "µs"), "batch size": batch}
     if headroom is not None:
         evidence["GPU memory used"] = (round(100 / headroom), "%")

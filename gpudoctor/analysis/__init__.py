@@ -5,12 +5,18 @@ most are defined in `gpudoctor.analysis.views`.
 """
 
 from gpudoctor.analysis.batch_growth import BatchGrowth
+from gpudoctor.analysis.budget import Budget
+from gpudoctor.analysis.call_sites import CallSites
 from gpudoctor.analysis.data_wait import DataWait
 from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader_setting, settings_location
 from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.gpu_work import GpuWork, Launches
+from gpudoctor.analysis.host_view import HostView
 from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
 from gpudoctor.analysis.run import NotEvaluated, Run
 from gpudoctor.analysis.settings import Setting, setting_at
+from gpudoctor.analysis.step_view import StepView
+from gpudoctor.analysis.timebase import StepTime
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
     CopySite,
@@ -31,9 +37,9 @@ from gpudoctor.analysis.views import (
 )
 
 __all__ = [
-    "BatchGrowth", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp", "GpuView", "LoaderInfo",
-    "LoaderView", "Location", "NotEvaluated", "ProcessInfo", "Run", "Samples", "SeriesPoint", "Setting", "Step",
-    "SyncSite",
+    "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp",
+    "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "Location", "NotEvaluated",
+    "ProcessInfo", "Run", "Samples", "SeriesPoint", "Setting", "Step", "StepTime", "StepView", "SyncSite",
     "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
     "loader_setting", "loader_workers", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

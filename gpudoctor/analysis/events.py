@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from functools import cached_property
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -126,6 +126,12 @@ def _shifted(event: E, by: int) -> E:
     if isinstance(event, WindowEvent) and event.first_step is not None:
         return msgspec.structs.replace(event, first_step=max(0, event.first_step - by))
     return event
+
+
+class EventsOf(Protocol):
+    """A window's events of one kind, as written: `events(LoaderEvent)`."""
+
+    def __call__(self, kind: type[E]) -> list[E]: ...
 
 
 class RunEvents:

@@ -11,8 +11,9 @@ import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 
-from gpudoctor.analysis.run import Run
+from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.steps import trace_steps
+from gpudoctor.analysis.trace import TraceData
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle.events import StepSourceEvent
 
@@ -21,17 +22,17 @@ SOURCE_NAMES = {"explicit": "marker"}
 MIN_UNPROFILED_STEPS = 3  # fewer steps outside the window than this give no median to compare with
 
 
-def step_source(run: Run) -> str | None:
-    """marker, optimizer, backward, dataloader or forward (from the recorder); for a bare trace, profiler_step
-    (its ProfilerStep ranges) or optimizer (its optimizer.step() calls); None when no step was found."""
-    if run.trace_only:
-        return trace_steps(run.trace)[0] if run.trace is not None else None
-    declared = run.events(StepSourceEvent)
-    if not declared or not run.all_steps:
+def step_source(steps: StepView, declared: list[StepSourceEvent], trace: TraceData | None) -> str | None:
+    """marker, optimizer, backward, dataloader or forward (the recorder's `declared` sources); for a bare trace,
+    profiler_step (its ProfilerStep ranges) or optimizer (its optimizer.step() calls); None when no step was
+    found."""
+    if steps.trace_only:
+        return trace_steps(trace)[0] if trace is not None else None
+    if not declared or not steps.all_steps:
         return None
     # The source in force at the first analysed step: a stronger one that took over later, in a run too short to
     # measure its steps again (collect.window's restart), counted none of them.
-    first = run.steps[0].index if run.steps else None
+    first = steps.steps[0].index if steps.steps else None
     in_force = [e for e in declared if first is None or e.at_step <= first] or declared
     return SOURCE_NAMES.get(in_force[-1].source, in_force[-1].source)
 
@@ -46,11 +47,11 @@ class WindowDistortion:
     reason: str | None = None
 
 
-def window_distortion(run: Run) -> WindowDistortion:
-    if run.trace_only:
+def window_distortion(steps: StepView) -> WindowDistortion:
+    if steps.trace_only:
         return WindowDistortion(None, reason="a bare trace has no steps outside the profiling window to compare with")
-    profiled = [s.wall_s for s in run.steps if s.window == "active"]
-    unprofiled = [s.wall_s for s in run.all_steps if s.window == "closed" and not s.ends_run]  # till the next window
+    profiled = [s.wall_s for s in steps.steps if s.window == "active"]
+    unprofiled = [s.wall_s for s in steps.all_steps if s.window == "closed" and not s.ends_run]  # till the next window
     if not profiled:
         return WindowDistortion(None, reason="no step was profiled")
     if len(unprofiled) < MIN_UNPROFILED_STEPS:
@@ -75,12 +76,11 @@ class ReferenceStep:
     outside: bool = False
 
 
-def reference_step(run: Run) -> ReferenceStep:
-    distortion = window_distortion(run)
+def reference_step(steps: StepView, distortion: WindowDistortion) -> ReferenceStep:
     if distortion.ratio is not None and distortion.ratio > DISTORTION_LIMIT and distortion.unprofiled_s:
         return ReferenceStep(distortion.unprofiled_s, outside=True)
-    steps = run.steps
-    return ReferenceStep(statistics.median(s.wall_s for s in steps) if steps else None)
+    analysed = steps.steps
+    return ReferenceStep(statistics.median(s.wall_s for s in analysed) if analysed else None)
 
 
 @dataclass(frozen=True)
@@ -102,18 +102,18 @@ class StepTime:
     stalls: int = 0  # steps left out of the mean because they stalled outside their data wait (STALL_FACTOR)
 
 
-def step_time(run: Run) -> StepTime:
-    unprofiled = _unprofiled_steps(run)
-    steps, basis = (unprofiled, "unprofiled") if len(unprofiled) >= MIN_UNPROFILED_STEPS else (run.steps, "analysed")
+def step_time(view: StepView, gpu_work_per_step_s: float | None) -> StepTime:
+    """The step at the run's pace, from the steps of `view` and the GPU's work per step (see StepTime)."""
+    unprofiled = _unprofiled_steps(view)
+    steps, basis = (unprofiled, "unprofiled") if len(unprofiled) >= MIN_UNPROFILED_STEPS else (view.steps, "analysed")
     if not steps:
         return StepTime(None)
     trained = _without_evaluations(steps)
     kept = _without_stalls(trained)
     mean = statistics.fmean(s.wall_s for s in kept)
     evaluations, stalls = len(steps) - len(trained), len(trained) - len(kept)
-    gpu_work = run.gpu_work_per_step_s
-    if gpu_work is not None and gpu_work > mean:
-        return StepTime(gpu_work, "gpu_work", len(kept), evaluations, stalls)
+    if gpu_work_per_step_s is not None and gpu_work_per_step_s > mean:
+        return StepTime(gpu_work_per_step_s, "gpu_work", len(kept), evaluations, stalls)
     return StepTime(mean, basis, len(kept), evaluations, stalls)
 
 
@@ -152,11 +152,11 @@ def _without_stalls(steps: list[Step]) -> list[Step]:
     return kept if len(steps) - len(kept) <= STALL_SHARE * len(steps) else steps
 
 
-def _unprofiled_steps(run: Run) -> list[Step]:
+def _unprofiled_steps(view: StepView) -> list[Step]:
     """The steps after each profiling window but the first one (the profiler's stop and the trace's export), and
     not the one the script's end closed (what ran after the loop)."""
-    if run.trace_only:
+    if view.trace_only:
         return []
-    steps = run.all_steps
+    steps = view.all_steps
     return [s for before, s in pairwise(steps)
             if s.window == "closed" and before.window == "closed" and not s.ends_run]

@@ -16,7 +16,6 @@ import msgspec
 
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
-from gpudoctor.analysis.timebase import step_time
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
@@ -92,7 +91,7 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     # larger finding of a lower severity; and again after, where a share cut down becomes negligible.
     merged = _negligible_as_info(_merge(found.findings))
     findings = within_slices(one_claim_per_share(merged, claims), run.budget)
-    return EngineResult(rank(sized(findings, step_time(run).seconds)), found.not_evaluated, found.errors)
+    return EngineResult(rank(sized(findings, run.pace.seconds)), found.not_evaluated, found.errors)
 
 
 def evaluate_rules(subject: Run | Any, rules: Iterable[Rule], options: RuleOptions, limits: RuleLimits) -> EngineResult:

@@ -28,7 +28,6 @@ from urllib.parse import quote
 from gpudoctor import __version__
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.summary import PhaseTime, breakdown
-from gpudoctor.analysis.timebase import reference_step, step_source, step_time, window_distortion
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Location, StartedProcess, Step
 from gpudoctor.bundle import SCHEMA_VERSION
@@ -248,7 +247,7 @@ def _window_settings(window: WindowSettings | None) -> WindowSettingsJson | None
 
 def _run_facts(run: Run) -> RunFacts:
     manifest, env, steps = run.manifest, run.env, run.steps
-    distortion, reference, pace = window_distortion(run), reference_step(run), step_time(run)
+    distortion, reference, pace = run.distortion, run.reference_step, run.pace
     target, exit_info = manifest.target, manifest.exit
     return {
         "script": target.module or target.script, "module": bool(target.module),
@@ -260,7 +259,7 @@ def _run_facts(run: Run) -> RunFacts:
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": reference.seconds, "step_s": _seconds_or_none(pace.seconds), "step_s_basis": pace.basis,
         "step_s_steps": pace.steps, "step_s_evaluations": pace.evaluations,
-        "step_s_stalls": pace.stalls, "step_source": step_source(run),
+        "step_s_stalls": pace.stalls, "step_source": run.step_source,
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
         "median_step_outside_window": reference.outside,
         "gpu_work_per_step_s": _seconds_or_none(run.gpu_work_per_step_s),
