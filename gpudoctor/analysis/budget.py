@@ -81,6 +81,9 @@ class Slice:
 
 @dataclass(frozen=True)
 class Budget:
+    """Where the run's step goes: the step at its pace split into slices (GPU computing, waiting for data, copies,
+    syncs, host-side work, ...) that add up to it, each idle gap given to one cause (`run.budget`)."""
+
     step_s: float  # the run's step time (analysis.timebase.step_time)
     steps: int
     slices: tuple[Slice, ...]  # every slice of SLICES, in order, zero ones included
