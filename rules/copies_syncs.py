@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, Run, rule
 from gpudoctor.analysis.views import CopySite, SyncSite
+from gpudoctor.remedy import LoaderRemedy, Remedy
 
 MB = 1024 * 1024
 # Nominal PCIe bandwidth per lane by generation (bytes/s), and the share of it a pinned host-to-device
@@ -44,6 +45,15 @@ def _copy_evidence(site: CopySite, steps: int) -> dict[str, object]:
     }
 
 
+def _pinned_batches(run: Run) -> Remedy | None:
+    """Where the script iterates a DataLoader that does not pin its batches, the fix `--try-fixes` applies: pinned
+    batches, and non_blocking copies of them (a copy whose source is not a batch is left as it is)."""
+    loader = run.loader.main
+    if loader is None or loader.pin_memory:
+        return None
+    return Remedy(loader=LoaderRemedy(at=loader.built_at, pin_memory=True), non_blocking_batches=True)
+
+
 @rule("GD201", "pageable-host-to-device-copy", category="blocking_copy", claims="host_copy")
 def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[Finding]:
     """Host-to-device copies from pageable (unpinned) memory block the training loop.
@@ -73,6 +83,7 @@ def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[
             count=site.count,
             fix="pin the source (DataLoader(..., pin_memory=True) or tensor.pin_memory()) and copy with "
                 ".to(device, non_blocking=True)",
+            remedy=_pinned_batches(run),
         )
 
 

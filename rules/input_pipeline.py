@@ -18,6 +18,7 @@ from gpudoctor.analysis import (
     setting_at,
     settings_location,
 )
+from gpudoctor.remedy import LoaderRemedy, Remedy
 
 
 def _loader(run: Run) -> LoaderInfo:
@@ -122,6 +123,16 @@ def _loader_call_fix(loader: LoaderInfo, workers: int, pin: bool, at: Location |
     return f"{torch_call}{where}"
 
 
+def loader_remedy(run: Run, loader: LoaderInfo, workers: int) -> Remedy | None:
+    """The loader's fix as `--try-fixes` applies it: `workers` persistent workers, pinned batches on a GPU; none
+    for a TensorDataset, whose fix is a batch sampler (an edit of the DataLoader call)."""
+    if _indexes_tensors_per_sample(loader):
+        return None
+    return Remedy(loader=LoaderRemedy(
+        at=loader.built_at, num_workers=workers, persistent_workers=True,
+        pin_memory=True if _uses_a_gpu(run) and not loader.pin_memory else None))
+
+
 def _indexes_tensors_per_sample(loader: LoaderInfo) -> bool:
     """A TensorDataset (tensors already in memory) read one sample at a time and collated into a batch."""
     return loader.dataset == "TensorDataset" and loader.batch_size is not None
@@ -188,6 +199,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
         impact=1 - fixed / wall, location=_where_set(run, loader), severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run)},
         fix=_loader_fix(loader, workers, _uses_a_gpu(run), _where_set(run, loader)),
+        remedy=loader_remedy(run, loader, workers.count),
     )
 
 
@@ -239,6 +251,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run)},
         fix=_loader_fix(loader, suggested, _uses_a_gpu(run), _where_set(run, loader)),
+        remedy=loader_remedy(run, loader, suggested.count),
     )
 
 

@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Iterator
 
 from gpudoctor import Finding, Run, rule
+from gpudoctor.remedy import LoaderRemedy, Remedy
 
 DEFAULT_SWITCH_INTERVAL_S = 0.005  # CPython's default, for a bundle that did not record the script's own
 
@@ -96,6 +97,8 @@ def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
                   "start method": first.start_method if first else None, "crashed": crashed},
         fix='DataLoader(..., multiprocessing_context="spawn", persistent_workers=True), or '
             'multiprocessing.set_start_method("spawn") before starting processes',
+        remedy=Remedy(start_method="spawn", loader=LoaderRemedy(multiprocessing_context="spawn",
+                                                                persistent_workers=True)),
     )
 
 
@@ -140,6 +143,8 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
         fix="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1)) and "
             f"torch.set_num_threads({max(1, cores // (2 * ranks))}) in the training process"
             + (f" (of each of the {ranks} ranks)" if ranks > 1 else ""),
+        remedy=Remedy(loader=LoaderRemedy(worker_threads=1) if children else None,
+                      intra_op_threads=max(1, cores // (2 * ranks))),
     )
 
 

@@ -100,6 +100,11 @@ class LoaderInfo:
     drop_last: bool = False
     made_by: str | None = None  # the library that built it ("transformers": the Trainer's), None for the script
 
+    @property
+    def built_at(self) -> str | None:
+        """Where it was built, as 'file:line': how a try's remedy finds it again (gpudoctor.remedy.LoaderRemedy)."""
+        return f"{self.location.file}:{self.location.line}" if self.location else None
+
 
 @dataclass(frozen=True)
 class LoaderView:

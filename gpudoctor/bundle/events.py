@@ -304,6 +304,13 @@ class MaxStepsEvent(Record, Event, tag="max_steps", frozen=True):
     t: float | None = None
 
 
+class RemedyEvent(Record, Event, tag="remedy", frozen=True):
+    """A try's fix, as the script's process first applied it (gpudoctor.collect.remedies), in the script's terms."""
+
+    applied: str
+    t: float | None = None
+
+
 class EndEvent(Record, Event, tag="end", frozen=True):
     """How the script's process ended: its last event (none when it was killed)."""
 
@@ -322,6 +329,6 @@ AnyEvent: TypeAlias = (
     | RankEvent | LoaderEvent
     | ForwardSiteEvent | BackwardSiteEvent | HostLinesEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent
     | EndEvent
-    | StepLessGilEvent
+    | StepLessGilEvent | RemedyEvent
 )
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)

@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, TypedDict, TypeVar, cast
 import msgspec
 
 from gpudoctor.errors import BundleError
+from gpudoctor.remedy import Remedy
 
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]  # of step time
 EvidenceValue = str | int | float | bool | None
@@ -56,9 +57,20 @@ class _FindingFields(TypedDict):
     doc: str
 
 
+class TriedJson(TypedDict):
+    status: str  # measured | failed | not_applicable
+    applied: str | None
+    step_s: float | None
+    speedup: float | None
+    steps: int | None
+    reason: str | None
+
+
 class FindingJson(_FindingFields, total=False):
     ranks: list[int]  # only in a torchrun job's merged findings, for a finding seen on some of its ranks
     windows: list[FindingWindowJson]  # only for a run profiled in several windows
+    remedy: dict[str, object]  # only for a finding whose fix gpudoctor can apply at run time (gpudoctor.remedy)
+    tried: TriedJson  # only in a run whose fixes were tried (--try-fixes, gpudoctor try)
 
 
 class NotEvaluatedJson(TypedDict):
@@ -135,6 +147,26 @@ class FindingWindow(_JsonRecord, kw_only=True, frozen=True):
         return cast("FindingWindowJson", self._plain())
 
 
+TRIED_STATUSES = ("measured", "failed", "not_applicable")
+
+
+class Tried(_JsonRecord, kw_only=True, frozen=True):
+    """A finding's fix, tried: the script run again with it applied (`applied`, in the script's terms), and the
+    step at that run's pace (`step_s`, over `steps` steps) with `speedup` = the diagnosed run's step over it;
+    or why it failed or could not be tried (`reason`, one sentence)."""
+
+    what: ClassVar[str] = "tried fix"
+    status: str
+    applied: str | None = None
+    step_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    speedup: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    steps: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    reason: str | None = None
+
+    def to_json(self) -> TriedJson:
+        return cast("TriedJson", self._plain())
+
+
 class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     """One finding: which rule, what it found, what it costs (`impact`, a share of step time, or None with
     `impact_reason`), the evidence, where, and the fix. `windows` is set only for a run with several windows,
@@ -156,13 +188,16 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     doc: str = ""
     ranks: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
     windows: list[FindingWindow] | None = None
+    remedy: Remedy | None = None
+    tried: Tried | None = None
 
     def to_json(self) -> FindingJson:
         plain = cast("FindingJson", self._plain())
-        if self.ranks is None:
-            del plain["ranks"]  # only a torchrun job's merged findings.json has it
-        if self.windows is None:
-            del plain["windows"]  # findings.json has the key only for a run profiled in several windows
+        # Keys that only some findings.json have: a torchrun job's (ranks), a run profiled in several windows
+        # (windows), a finding whose fix can be applied at run time (remedy), a run whose fixes were tried (tried).
+        for key in ("ranks", "windows", "remedy", "tried"):
+            if getattr(self, key) is None:
+                del plain[key]  # type: ignore[misc]
         return plain
 
 

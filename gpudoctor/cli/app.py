@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it 
 
     from gpudoctor.diagnose import PreparedRules, RuleSelection
     from gpudoctor.report.document import Report
+    from gpudoctor.trying.settings import TrySettings
 
 
 class _Group(TyperGroup):
@@ -88,6 +89,16 @@ FormatOption = Annotated[list[str] | None, typer.Option(
     "--format", metavar="FORMATS",
     help="text (the summary, on stderr), json (findings.json), html (report.html): repeatable or "
          "comma-separated. Default: all three.")]
+TryFixesOption = Annotated[bool, typer.Option(
+    "--try-fixes", help="Then run the script again once per finding whose fix gpudoctor can apply at run time "
+                        "(DataLoader settings, threads, start method, non-blocking copies), with that fix, and "
+                        "measure its step: each try in RUN/tries/CODE/, its speed-up on the finding.")]
+TryStepsOption = Annotated[int | None, typer.Option(
+    metavar="N", min=1, help="Steps each try runs (default: the profiling window's and 20 after it).",
+    show_default=False)]
+TryTimeoutOption = Annotated[float | None, typer.Option(
+    metavar="SECONDS", min=1, help="Each try's time limit (default: twice the run's time, at least 60 s).",
+    show_default=False)]
 FORMATS = ("text", "json", "html")
 EXIT_STATUS_HELP = """
 
@@ -178,6 +189,15 @@ def _trace_left_out(report: Report) -> str | None:
 
     row = next((row for row in report["not_measured"] if row["what"] == TRACE_LEFT_OUT), None)
     return None if row is None else f"{row['reason']}."
+
+
+def tried_into(report: Report, run_dir: Path, settings: TrySettings, formats: tuple[str, ...]) -> Report:
+    """The report with its fixes tried, written into the run directory: each try is said as it starts."""
+    from gpudoctor.trying.tries import try_fixes
+
+    tried = try_fixes(report, run_dir, settings, _say)
+    _write(tried, run_dir, formats)
+    return tried
 
 
 def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:

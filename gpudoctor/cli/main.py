@@ -19,7 +19,7 @@ else:
 
 from gpudoctor.cli.app import _say, app
 
-COMMAND_MODULES = ("gpudoctor.cli.analyze", "gpudoctor.cli.profile", "gpudoctor.cli.rules")
+COMMAND_MODULES = ("gpudoctor.cli.analyze", "gpudoctor.cli.profile", "gpudoctor.cli.tries", "gpudoctor.cli.rules")
 
 
 def register_commands(argv: list[str] | None = None) -> None:

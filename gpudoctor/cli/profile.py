@@ -17,6 +17,7 @@ from gpudoctor.launch.profile import profile as run_profile
 from gpudoctor.launch.run_dir import python_program
 from gpudoctor.launch.torchrun import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
 from gpudoctor.paths import find_pyproject
+from gpudoctor.trying.settings import TrySettings
 from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
 if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
@@ -35,6 +36,9 @@ from gpudoctor.cli.app import (
     RulesOption,
     RuleTimeoutOption,
     SelectOption,
+    TryFixesOption,
+    TryStepsOption,
+    TryTimeoutOption,
     _check_fail_on,
     _Command,
     _diagnose_into,
@@ -45,6 +49,7 @@ from gpudoctor.cli.app import (
     _selection,
     _write,
     app,
+    tried_into,
 )
 
 
@@ -119,6 +124,7 @@ def profile(
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
     rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
     output_formats: FormatOption = None,
+    try_fixes: TryFixesOption = False, try_steps: TryStepsOption = None, try_timeout: TryTimeoutOption = None,
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     _check_fail_on(fail_on)
@@ -133,6 +139,9 @@ def profile(
     if script is not None and not is_torchrun(script, module):
         script = python_program(script) or script  # `gpudoctor profile accelerate launch ...`
     if is_torchrun(script, module):
+        if try_fixes:
+            raise typer.BadParameter("a torchrun job's fixes cannot be tried yet: profile it without --try-fixes.",
+                                     param_hint="--try-fixes")
         _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
         job = _torchrun_job(args)
         _profile_job(job, out, _rank_options(ctx), _prepare(selection), formats, fail_on)
@@ -160,12 +169,16 @@ def profile(
             raise prepared
         raise typer.Exit(outcome.exit_status)
     _say_each(_stopped_ranks(outcome))
+    # With --try-fixes, the report is written first without its summary, so that it is whole whatever the tries do.
+    first = tuple(f for f in formats if f != "text") if try_fixes else formats
     if outcome.ranks:
-        report = _merge_into(outcome.run_dir, prepared, formats)
+        report = _merge_into(outcome.run_dir, prepared, first)
     elif inner_job.merges_itself():
-        report = _merge_inner_job(outcome.run_dir, prepared, formats)
+        report = _merge_inner_job(outcome.run_dir, prepared, first)
     else:
-        report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, formats)
+        report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, first)
+    if try_fixes and report is not None:
+        report = tried_into(report, outcome.run_dir, TrySettings(try_steps, try_timeout), formats)
     _say_each(ending if in_verdict and report is None else None)
     status = outcome.exit_status
     if status == 0 and report is not None and _fails(report, fail_on):

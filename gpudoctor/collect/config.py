@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class ChildConfig:
     # trace's size and export time; gpudoctor's own hooks record the call sites its rules need.
     with_stack: bool = False
     gil_probe_interval_s: float = 0.005
+    # A try's fix (gpudoctor.remedy.Remedy, as JSON): `gpudoctor profile --try-fixes` runs the script with it.
+    remedy: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

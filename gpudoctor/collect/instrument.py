@@ -22,8 +22,10 @@ from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.loader_hooks import LoaderHooks
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
+from gpudoctor.collect.remedies import Remedies, for_this_process
 from gpudoctor.collect.step_hooks import KeptHooks, find_outermost_model, hook_backward_steps
 from gpudoctor.collect.torch_import import TorchImportWatcher
+from gpudoctor.remedy import Remedy
 
 perf_counter = time.perf_counter
 
@@ -40,11 +42,15 @@ class Instrumentation:
         self._local = threading.local()  # per-thread: the optimizer step's start, re-entrancy guard
         self._host_lines = HostLines(recorder.config.gil_probe_interval_s)
         self._probe = GilProbe(recorder.config.gil_probe_interval_s, recorder.add_gil_delay, self._host_lines.sample)
-        self.loaders = LoaderHooks()
+        remedy = for_this_process(Remedy.from_json(recorder.config.remedy) if recorder.config.remedy else None)
+        self.remedies = Remedies(remedy, recorder.emit) if remedy is not None else None
+        self.loaders = LoaderHooks(self.remedies)
         recorder.on_window_change(self._on_window_change)
 
     # -- installation ----------------------------------------------------------------------------
     def install(self) -> None:
+        if self.remedies is not None:
+            self.remedies.install(self._always)
         self._patch_threads()
         self._patch_processes()
         process_hooks.watch_forks(self.recorder)
@@ -56,6 +62,8 @@ class Instrumentation:
     def on_torch_imported(self) -> None:
         import torch
 
+        if self.remedies is not None:
+            self.remedies.on_torch_imported(self._always)
         self.loaders.install(self._always, self.recorder)
         self._hook_optimizers()
         process_hooks.patch_process_group(self._always, self.recorder)

@@ -19,6 +19,7 @@ from gpudoctor.collect.callsite import location, user_frame_from
 from gpudoctor.collect.compile_safe import quietly
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
+from gpudoctor.collect.remedies import Remedies
 
 perf_counter = time.perf_counter
 LoaderOrigin = tuple["Site | None", "str | None"]  # where a DataLoader was made, and the library that made it
@@ -26,7 +27,8 @@ FRAMES_SEARCHED = 30  # how far up from a library's DataLoader() the loader it r
 
 
 class LoaderHooks:
-    def __init__(self) -> None:
+    def __init__(self, remedies: Remedies | None = None) -> None:
+        self.remedies = remedies  # a try's fix: DataLoader arguments it sets, batches whose copies it makes async
         # Where each loader was made (and by which library), and the number its loader event gives it once it is
         # first iterated.
         self.sites: weakref.WeakKeyDictionary[Any, LoaderOrigin] = weakref.WeakKeyDictionary()
@@ -36,7 +38,7 @@ class LoaderHooks:
         from torch.utils.data import dataloader
 
         markers = recorder.markers
-        sites, numbers = self.sites, self.numbers
+        sites, numbers, remedies = self.sites, self.numbers, self.remedies
 
         def first_iteration(loader: Any) -> None:
             # A loader that cannot be weakly referenced or hashed (a subclass with __eq__ only) is not kept:
@@ -51,6 +53,8 @@ class LoaderHooks:
 
         def make_init(original: Any) -> Any:
             def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+                if remedies is not None:
+                    args, kwargs = remedies.loader_arguments(original, sys._getframe(1), args, kwargs)
                 original(loader, *args, **kwargs)
                 quietly(remember, loader, sys._getframe(1))
 
@@ -77,6 +81,8 @@ class LoaderHooks:
                 finally:
                     markers.end(handle)
                 recorder.on_batch_received(perf_counter() - started)
+                if remedies is not None:
+                    remedies.on_batch(batch)
                 return batch
 
             return __next__

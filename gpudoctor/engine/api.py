@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from gpudoctor.analysis.views import Location
 from gpudoctor.errors import RuleLoadError
+from gpudoctor.remedy import Remedy
 from gpudoctor.vocabulary import CATEGORIES, SEVERITIES
 
 # What a rule looks at: one process's run (a `Run`), or a torchrun job's ranks together (a `gpudoctor.job.Job`).
@@ -32,7 +33,9 @@ class Finding:
 
     `impact` is the estimated share of step time (0-1) that fixing it would recover, or None with
     `impact_reason` saying why it cannot be estimated. `evidence` maps a label to a value, or to a
-    (value, unit) pair. `severity` overrides the rule's default for this one finding.
+    (value, unit) pair. `severity` overrides the rule's default for this one finding. `remedy`, where the fix
+    is a setting gpudoctor can change at run time, is what `gpudoctor profile --try-fixes` runs the script with
+    to measure the fix (gpudoctor.remedy).
     """
 
     title: str
@@ -43,6 +46,7 @@ class Finding:
     impact_reason: str | None = None
     severity: str | None = None
     count: int = 1
+    remedy: Remedy | None = None
 
 
 RuleFunction = Callable[..., Iterable[Finding]]

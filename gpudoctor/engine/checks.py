@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from gpudoctor.analysis import Location
 from gpudoctor.bundle.findings import Evidence, EvidenceValue, FindingLocation, FindingRecord
 from gpudoctor.engine.api import Finding, Rule
+from gpudoctor.remedy import Remedy
 from gpudoctor.vocabulary import SEVERITIES
 
 
@@ -100,4 +101,11 @@ def finding_record(rule: Rule, finding: object) -> FindingRecord:
         impact_reason=_text("impact_reason", finding.impact_reason, optional=True) if impact is None else None,
         evidence=_evidence(finding.evidence), location=_location(finding.location),
         fix=_text("fix", finding.fix) or "", count=_count(finding.count), doc=rule.summary,
+        remedy=_remedy(finding.remedy),
     )
+
+
+def _remedy(value: object) -> Remedy | None:
+    if value is not None and not isinstance(value, Remedy):
+        raise InvalidFinding(f"remedy must be a gpudoctor.Remedy or None, not {type(value).__name__}")
+    return value

@@ -25,6 +25,7 @@ from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, fi
 from gpudoctor.launch.ranks import torchrun_rank
 from gpudoctor.launch.run_dir import check_script, make_run_dir
 from gpudoctor.launch.supervisor import Supervisor
+from gpudoctor.remedy import Remedy
 
 
 @dataclass
@@ -39,6 +40,8 @@ class ProfileRequest:
     sample_interval_s: float = 0.1
     with_stack: bool = False
     progress: bool = True  # a status line on stderr while the script runs, when stderr is a terminal
+    remedy: Remedy | None = None  # a try's fix, applied in the script's process (gpudoctor.collect.remedies)
+    output_log: Path | None = None  # where the script's stdout and stderr go (None: gpudoctor's own)
 
     @property
     def target_name(self) -> str:
@@ -63,13 +66,20 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
         check_script(request.script)
     run_dir = make_run_dir(request.out, request.target_name)
     config = ChildConfig(run_dir=str(run_dir), window=request.window, max_steps=request.max_steps,
-                         with_stack=request.with_stack)
+                         with_stack=request.with_stack,
+                         remedy=request.remedy.to_json() if request.remedy is not None else None)
     # Under torchrun each rank is a `gpudoctor profile` of its own, in JOB/rank-K/: a process it starts with its
     # RANK (a compile worker) finds that rank's directory taken.
     job_dir = run_dir.parent if torchrun_rank() is not None else run_dir
     env = follow.environment(dict(os.environ), follow.FollowConfig(str(job_dir), config, os.getpid()))
     started = time.time()
-    child = subprocess.Popen(child_command(config, request.script, request.module, request.args), env=env)
+    output = request.output_log.open("ab") if request.output_log is not None else None
+    try:
+        child = subprocess.Popen(child_command(config, request.script, request.module, request.args), env=env,
+                                 stdout=output, stderr=subprocess.STDOUT if output is not None else None)
+    finally:
+        if output is not None:
+            output.close()
     # Set up while the script's interpreter starts: the samplers' imports, NVML's start and the GPUs'
     # description do not delay it.
     try:

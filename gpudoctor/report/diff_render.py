@@ -38,14 +38,18 @@ class DiffRunJson(TypedDict):
     findings: int
 
 
-class DiffSideJson(TypedDict):
-    """A finding as one of the two runs had it."""
-
+class _DiffSideFields(TypedDict):
     code: str
     severity: str
     title: str
     impact: float | None
     count: int
+
+
+class DiffSideJson(_DiffSideFields, total=False):
+    """A finding as one of the two runs had it; in a run whose fixes were tried, the speed-up its try measured."""
+
+    tried_speedup: float | None
 
 
 class DiffFindingJson(TypedDict):
@@ -87,8 +91,11 @@ def _run_json(run: RunFindings) -> DiffRunJson:
 def _side(record: FindingRecord | None) -> DiffSideJson | None:
     if record is None:
         return None
-    return {"code": record.code, "severity": record.severity, "title": record.title, "impact": record.impact,
-            "count": record.count}
+    side: DiffSideJson = {"code": record.code, "severity": record.severity, "title": record.title,
+                          "impact": record.impact, "count": record.count}
+    if record.tried is not None:
+        side["tried_speedup"] = record.tried.speedup
+    return side
 
 
 def _finding_json(before: FindingRecord | None, after: FindingRecord | None) -> DiffFindingJson:
@@ -157,8 +164,18 @@ def _finding_line(record: FindingRecord, cost: str) -> str:
     return f"  [{record.severity}] {record.code} {record.title}{_where(record)}{cost}"
 
 
+def _tried(record: FindingRecord) -> str:
+    """What the run's try of the fix measured, said beside the speed-up the later run shows."""
+    tried = record.tried
+    if tried is None or tried.speedup is None:
+        return ""
+    return f"; its try measured {speed_phrase(tried.speedup)}"
+
+
 def _resolved_line(record: FindingRecord) -> str:
-    return _finding_line(record, "" if record.impact is None else f" (was {_share(record.impact)} of step time)")
+    cost = "" if record.impact is None else f"was {_share(record.impact)} of step time"
+    said = f"{cost}{_tried(record)}".removeprefix("; ")
+    return _finding_line(record, f" ({said})" if said else "")
 
 
 def _new_line(record: FindingRecord) -> str:

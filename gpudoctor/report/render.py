@@ -14,7 +14,7 @@ from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.report import svg
 from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
 from gpudoctor.report.templates import template_environment
-from gpudoctor.report.units import elapsed, percent, seconds, step_after
+from gpudoctor.report.units import elapsed, percent, seconds, step_after, tried_text
 
 
 def findings_document(report: Report) -> FindingsDocument:
@@ -51,6 +51,7 @@ def _environment() -> jinja2.Environment:
     env.filters["percent"] = percent
     env.filters["elapsed"] = elapsed
     env.globals["step_after"] = step_after
+    env.globals["tried_text"] = tried_text
     env.globals["host_ran_ahead"] = host_ran_ahead
     env.globals["step_time_text"] = step_time_text
     env.globals["median_step_text"] = median_step_text
@@ -223,6 +224,9 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
             lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
         if finding.get("fix"):
             lines.append(f"      fix: {finding['fix']}")
+        tried = tried_text(run["step_s"], finding)
+        if tried:
+            lines.append(f"      {tried}")
     hidden = len(report["findings"]) - limit
     if hidden > 0:
         lines.append(f"  ... and {hidden} more in the report")

@@ -1,0 +1,12 @@
+"""How fixes are tried (gpudoctor.trying.tries): what the command line sets, importable without the rest."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrySettings:
+    steps: int | None = None  # steps each try runs (None: the window's, and STEPS_AFTER_WINDOW after it)
+    timeout_s: float | None = None  # each try's limit (None: twice the diagnosed run's time, at least a minute)
+    finding: str | None = None  # only the findings whose code starts with this

@@ -1,0 +1,124 @@
+"""`gpudoctor profile --try-fixes` and `gpudoctor try`: a finding's fix applied at run time, measured against the
+fixed twin's speed-up, kept apart from the script's own files, and a fix that breaks the script reported as failed
+with the diagnosed run's report intact."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import Gpudoctor, Result, checked_findings, env_with, script
+from gpudoctor.launch.profile import ProfileRequest, profile
+from gpudoctor.remedy import LoaderRemedy, Remedy
+
+STARVED = script("starved_loader.py")
+TWIN_ARGS = ("--workers", "2", "--persistent")  # the fixed twin: what GD101's fix suggests on two cores
+BAND = 0.10  # the tried speed-up is within ±10% of the twin's
+
+
+def _finding(result: Result, code: str) -> dict:
+    return next(f for f in result.findings()["findings"] if f["code"] == code)
+
+
+def _plain_step_s(cwd: Path, *args: str) -> float:
+    done = subprocess.run([sys.executable, STARVED, *args], cwd=cwd, env=env_with(), capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout.splitlines()[-1])["mean_step_s"]
+
+
+@pytest.fixture(scope="module")
+def tried(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    gd = Gpudoctor(tmp_path_factory.mktemp("tried"))
+    return gd.profile(STARVED, "--checkpoint", "model.pt", options=("--try-fixes",))
+
+
+def test_the_starved_loaders_fix_is_measured_within_the_band_of_its_twin(tried: Result) -> None:
+    assert tried.returncode == 0, tried
+    gd101 = _finding(tried, "GD101")
+    assert gd101["remedy"]["loader"]["num_workers"] == 2
+    measured = gd101["tried"]
+    assert measured["status"] == "measured", measured
+    assert measured["applied"].startswith("DataLoader(num_workers=2, persistent_workers=True) at ")
+    assert measured["steps"] >= 10
+    cwd = tried.run_dir.parent
+    twin = _plain_step_s(cwd) / _plain_step_s(cwd, *TWIN_ARGS)
+    assert abs(measured["speedup"] / twin - 1) <= BAND, (measured["speedup"], twin)
+    shown = next(line for line in tried.stderr.splitlines() if "with the fix" in line)
+    assert f"measured {measured['step_s'] * 1e3:.1f} ms/step with the fix ({measured['speedup']:.2f}× faster)" in shown
+
+
+def test_a_tries_files_go_into_its_folder_and_the_scripts_stay_as_the_run_left_them(tried: Result) -> None:
+    cwd, folder = tried.run_dir.parent, tried.run_dir / "tries" / "GD101"
+    kept, moved = cwd / "model.pt", folder / "outputs" / "model.pt"
+    assert kept.is_file() and moved.is_file()
+    manifest = tried.manifest()
+    ended = dt.datetime.fromisoformat(manifest["created"]).timestamp() + manifest["duration_s"]
+    assert kept.stat().st_mtime <= ended < moved.stat().st_mtime  # the diagnosed run's file, and the try's
+    assert (folder / "output.log").is_file()  # the try's output goes there, off the user's terminal
+    assert len([line for line in tried.stdout.splitlines() if "mean_step_s" in line]) == 1
+    assert not (tried.run_dir / "tries" / ".kept").exists()
+
+
+def test_a_fix_that_breaks_the_script_is_failed_and_the_report_is_whole(gd: Gpudoctor) -> None:
+    result = gd.profile(STARVED, "--steps", "30", "--crash-with-workers", options=("--try-fixes", "--try-steps", "20"))
+    assert result.returncode == 0, result
+    tried = _finding(result, "GD101")["tried"]
+    assert tried["status"] == "failed"
+    assert tried["reason"].startswith("with the fix the script exited with status 1 (without it, 0); its output is in ")
+    assert "RuntimeError: this script does not run with DataLoader workers" in Path(tried["reason"].split()[-1]).read_text()
+    assert "tried, failed: with the fix the script exited with status 1" in result.stderr
+    assert "tried, failed" in (result.run_dir / "report.html").read_text()
+
+
+def test_try_measures_a_recorded_runs_fixes_later(gd: Gpudoctor) -> None:
+    recorded = gd.profile(STARVED, "--steps", "40")
+    assert "tried" not in _finding(recorded, "GD101")
+    later = gd.run("try", "run", "--finding", "GD1", "--try-steps", "30")
+    assert later.returncode == 0, later
+    findings = checked_findings(recorded.run_dir / "findings.json")["findings"]
+    assert [f["tried"]["status"] for f in findings if f["code"] == "GD101"] == ["measured"]
+    assert all("tried" not in f for f in findings if not f["code"].startswith("GD1"))
+
+
+def test_try_refuses_a_directory_that_is_no_run(gd: Gpudoctor) -> None:
+    (gd.cwd / "empty").mkdir()
+    result = gd.run("try", "empty")
+    assert result.returncode == 65
+    assert result.first_message == "gpudoctor: empty is not a run directory of gpudoctor profile: it has no manifest.json."
+
+
+def test_a_remedy_sets_the_start_method_and_threads_where_the_script_sets_its_own(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    log = tmp_path / "output.log"
+    request = ProfileRequest(script=script("start_methods.py"), module=None, args=[], out=tmp_path / "run",
+                             progress=False, remedy=Remedy(start_method="spawn", intra_op_threads=1), output_log=log)
+    assert profile(request).exit_status == 0
+    assert json.loads(log.read_text().splitlines()[-1]) == {"default": "spawn", "named": "spawn", "threads": 1}
+
+
+def test_a_remedy_describes_itself_in_the_scripts_terms() -> None:
+    remedy = Remedy(loader=LoaderRemedy(at="train.py:74", num_workers=6, pin_memory=True, worker_threads=1),
+                    intra_op_threads=4)
+    assert remedy.describe() == ("DataLoader(num_workers=6, pin_memory=True, worker_init_fn=... "
+                                 "torch.set_num_threads(1)) at train.py:74; torch.set_num_threads(4) and "
+                                 "OMP_NUM_THREADS=4")
+    assert Remedy.from_json(remedy.to_json()) == remedy
+    assert Remedy(start_method="spawn", rank=1).describe() == 'multiprocessing start method "spawn", on rank 1'
+
+
+def test_diff_sets_a_resolved_findings_measured_fix_beside_the_later_runs_speedup(tried: Result) -> None:
+    gd = Gpudoctor(tried.run_dir.parent)
+    fixed = gd.profile(STARVED, *TWIN_ARGS, out="twin")
+    assert fixed.returncode == 0, fixed
+    shown = gd.run("diff", "run", "twin")
+    measured = _finding(tried, "GD101")["tried"]["speedup"]
+    resolved = next(line for line in shown.stdout.splitlines() if " GD101 " in line)
+    assert f"its try measured {measured:.2f}x faster" in resolved, shown.stdout
+    document = json.loads(gd.run("diff", "run", "twin", "--format", "json").stdout)
+    assert [f["before"]["tried_speedup"] for f in document["resolved"] if f["code"] == "GD101"] == [measured]
