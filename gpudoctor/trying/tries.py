@@ -25,9 +25,11 @@ from gpudoctor.bundle import EVENTS
 from gpudoctor.bundle.events import EVENT_DECODER, RemedyEvent
 from gpudoctor.bundle.findings import Tried
 from gpudoctor.bundle.jsonio import read_jsonl
+from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.bundle.manifest import Manifest, read_manifest
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import GpudoctorError
+from gpudoctor.job.layout import is_job_dir
 from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest, profile
 from gpudoctor.remedy import Remedy
 from gpudoctor.report.document import Report
@@ -53,6 +55,7 @@ NOT_AT_RUN_TIME = {
     "GD504": "the other programs on the host are not the script's: give the job its own cores",
     "GD505": "host memory is the machine's: the fix is fewer or smaller buffers in the script",
 }
+TORCHRUN_JOB = "a torchrun job's fixes cannot be tried yet"
 NOT_AT_RUN_TIME_DEFAULT = "its fix is an edit of the script, which gpudoctor does not make for it"
 
 
@@ -94,6 +97,8 @@ class Diagnosed:
 
 def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callable[[str], None]) -> Report:
     """The report with `tried` on each finding chosen: its fix measured, or why it was not."""
+    if is_job_dir(run_dir):
+        return _with_tried(report, settings, lambda f: Tried(status="not_applicable", reason=TORCHRUN_JOB))
     try:
         diagnosed = Diagnosed(run_dir, read_manifest(run_dir), report["run"].get("step_s"))
     except GpudoctorError as exc:
@@ -117,8 +122,6 @@ def _cannot_try(diagnosed: Diagnosed, report: Report) -> str | None:
         return f"the run's working directory {manifest.cwd} is gone"
     if not diagnosed.step_s:
         return "the diagnosed run has no step time to compare a try's with"
-    if report["ranks"] and not (diagnosed.run_dir / EVENTS).is_file():
-        return "the job was launched by torchrun: its tries are run as `gpudoctor profile --try-fixes torchrun ...`"
     return None
 
 
@@ -235,11 +238,14 @@ def measure(diagnosed: Diagnosed, folder: Path, remedy: Remedy, outcome: Profile
 
 
 def _pace(folder: Path) -> tuple[float, int] | None:
-    """The try's step at its pace, as the diagnosed run's (run.step_s), and the steps it is the mean of."""
+    """The try's step at its pace, as the diagnosed run's (run.step_s), and the steps it is the mean of: a job's,
+    whose ranks the script started, is its slowest rank's, as the job's report gives it."""
     from gpudoctor.diagnose import open_run
 
-    pace = open_run(folder).pace
-    return (pace.seconds, pace.steps) if pace.seconds else None
+    bundles = list(rank_dirs(folder).values()) or [folder]
+    paces = [open_run(bundle).pace for bundle in bundles]
+    slowest = max(paces, key=lambda pace: pace.seconds or 0.0)
+    return (slowest.seconds, slowest.steps) if slowest.seconds else None
 
 
 def applied_changes(folder: Path) -> list[str]:

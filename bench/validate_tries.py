@@ -1,0 +1,151 @@
+"""Tried speed-up beside the predicted one and the fixed twin's measured one, for every recorded pair whose fix
+gpudoctor can apply at run time.
+
+On the GPU machine, from the repository root (records DIR/tries.json, one pair after the other):
+
+    PYTHONPATH=$PWD python3 bench/validate_tries.py --record DIR [--only bad1,bad2] [--plain-runs 2]
+
+For each pair: `gpudoctor profile --try-fixes --out DIR/BAD fixtures/scripts/BAD.py` (the diagnosed run and a try
+of each fix that can be applied at run time), then the bad script and its fixed twin alone, `--plain-runs` times
+each, their last line the script's own steady-state step (median_step_s), as fixtures/record.py measures them.
+
+Anywhere (prints the Markdown table from fixtures/tries.json, or from --from FILE):
+
+    PYTHONPATH=$PWD python3 bench/validate_tries.py
+
+Predicted: the pair's finding's saving as a speed-up, 1 / (1 - impact). Tried: the diagnosed run's step at its
+pace over the try's (findings.json's `tried.speedup`). Twin: the bad script's plain step over the fixed twin's,
+each the mean of their plain runs' medians. Targets: tried within ±10% of the twin, predicted within ±30%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "fixtures"))
+
+from record import PROFILE_OPTIONS, SCRIPTS, machine_facts, run_group, script_result  # noqa: E402
+
+RECORDED = ROOT / "fixtures" / "tries.json"
+TRIED_BAND, PREDICTED_BAND = 0.10, 0.30
+
+
+@dataclass(frozen=True)
+class TryPair:
+    code: str  # the finding whose fix is tried
+    bad: str
+    fixed: str
+    note: str = ""  # what the row shows besides the targets
+
+
+TRY_PAIRS = (
+    TryPair("GD101", "data_starvation_bad", "data_starvation_fixed"),
+    TryPair("GD102", "data_starvation_workers_bad", "data_starvation_workers_fixed"),
+    TryPair("GD102", "classifier_few_workers_bad", "classifier_few_workers_fixed"),
+    TryPair("GD503", "cpu_oversubscription_bad", "cpu_oversubscription_fixed"),
+    TryPair("GD502", "fork_after_cuda_bad", "fork_after_cuda_fixed"),
+    TryPair("GD201", "tensor_dataset_bad", "tensor_dataset_fixed",
+            "pinned loader batches; the twin's fix is a BatchSampler (GD101), not this one"),
+    TryPair("GD201", "blocking_copy_bad", "blocking_copy_fixed", "the copy's source is no loader batch"),
+    TryPair("GD201", "inference_pageable_bad", "inference_pageable_fixed", "the copy's source is no loader batch"),
+)
+
+
+# -- recording, on the GPU machine ------------------------------------------------------------------------
+def record_pair(pair: TryPair, out: Path, plain_runs: int, timeout_s: float) -> dict[str, Any]:
+    bundle = out / pair.bad
+    profiled = run_group([sys.executable, "-m", "gpudoctor", "profile", "--out", str(bundle), "--try-fixes",
+                          *PROFILE_OPTIONS.get(pair.bad, []), str(SCRIPTS / f"{pair.bad}.py")], timeout_s)
+    (out / f"{pair.bad}.try.log").write_text(profiled.stdout[-20000:] + "\n---\n" + profiled.stderr[-20000:])
+    finding = _finding(bundle / "findings.json", pair.code)
+    plain = {name: [_plain_step(name, timeout_s) for _ in range(plain_runs)] for name in (pair.bad, pair.fixed)}
+    return {"code": pair.code, "bad": pair.bad, "fixed": pair.fixed, "status": profiled.status,
+            "reason": profiled.reason, "impact": finding.get("impact") if finding else None,
+            "tried": finding.get("tried") if finding else None, "plain": plain,
+            "recorded": dt.datetime.now(dt.timezone.utc).isoformat()}
+
+
+def _finding(path: Path, code: str) -> dict[str, Any] | None:
+    try:
+        findings = json.loads(path.read_text())["findings"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((f for f in findings if f["code"] == code), None)
+
+
+def _plain_step(name: str, timeout_s: float) -> float | None:
+    result = script_result(run_group([sys.executable, str(SCRIPTS / f"{name}.py")], timeout_s).stdout)
+    return result.get("median_step_s") if result else None
+
+
+def record(out: Path, only: set[str], plain_runs: int, timeout_s: float) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for pair in TRY_PAIRS:
+        if only and pair.bad not in only:
+            continue
+        row = record_pair(pair, out, plain_runs, timeout_s)
+        rows.append(row)
+        print(f"{pair.bad}: {row['status']}, tried {json.dumps(row['tried'])}, plain {row['plain']}", flush=True)
+        (out / "tries.json").write_text(json.dumps({"machine": machine_facts(), "pairs": rows}, indent=1) + "\n")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+# -- the table ---------------------------------------------------------------------------------------------
+def _within(value: float | None, truth: float | None, band: float) -> str:
+    if value is None or truth is None:
+        return "—"
+    return "yes" if abs(value / truth - 1) <= band else "no"
+
+
+def _times(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def table_row(row: dict[str, Any], note: str) -> str:
+    bad, fixed = ([v for v in row["plain"][name] if v] for name in (row["bad"], row["fixed"]))
+    twin = statistics.fmean(bad) / statistics.fmean(fixed) if bad and fixed else None
+    impact = row.get("impact")
+    predicted = 1 / (1 - impact) if impact is not None and impact < 1 else None
+    tried = row.get("tried") or {}
+    speedup = tried.get("speedup")
+    said = "measured" if tried.get("status") == "measured" else f"{tried.get('status')}: {tried.get('reason')}"
+    return (f"| {row['bad']} → {row['fixed']} | {row['code']} | {_times(predicted)} | {_times(speedup)} | "
+            f"{_times(twin)} | {_within(speedup, twin, TRIED_BAND)} | {_within(predicted, twin, PREDICTED_BAND)} | "
+            f"{said}{'; ' + note if note else ''} |")
+
+
+def table(document: dict[str, Any]) -> str:
+    notes = {(p.bad, p.code): p.note for p in TRY_PAIRS}
+    machine = document["machine"]
+    lines = [f"machine: {', '.join(machine.get('gpus') or [str(machine.get('platform'))])}", "",
+             "| pair | finding | predicted | tried | twin | tried within ±10% | predicted within ±30% | try |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [table_row(row, notes.get((row["bad"], row["code"]), "")) for row in document["pairs"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--record", type=Path, metavar="DIR", help="record the pairs into DIR/tries.json (GPU)")
+    parser.add_argument("--only", default="", help="comma-separated bad fixtures (default: every pair)")
+    parser.add_argument("--plain-runs", type=int, default=2)
+    parser.add_argument("--timeout-s", type=float, default=240.0, help="time limit of one command")
+    parser.add_argument("--from", dest="source", type=Path, default=RECORDED, help="a recorded tries.json")
+    args = parser.parse_args(argv)
+    if args.record:
+        return record(args.record, {n for n in args.only.split(",") if n}, args.plain_runs, args.timeout_s)
+    print(table(json.loads(args.source.read_text())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
