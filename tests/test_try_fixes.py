@@ -92,14 +92,26 @@ def test_try_refuses_a_directory_that_is_no_run(gd: Gpudoctor) -> None:
     assert result.first_message == "gpudoctor: empty is not a run directory of gpudoctor profile: it has no manifest.json."
 
 
-def test_a_remedy_sets_the_start_method_and_threads_where_the_script_sets_its_own(tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+def _with_remedy(tmp_path: Path, remedy: Remedy) -> dict:
+    """start_methods.py's line, run under gpudoctor with `remedy`."""
     log = tmp_path / "output.log"
     request = ProfileRequest(script=script("start_methods.py"), module=None, args=[], out=tmp_path / "run",
-                             progress=False, remedy=Remedy(start_method="spawn", intra_op_threads=1), output_log=log)
-    assert profile(request).exit_status == 0
-    assert json.loads(log.read_text().splitlines()[-1]) == {"default": "spawn", "named": "spawn", "threads": 1}
+                             progress=False, remedy=remedy, output_log=log)
+    assert profile(request).exit_status == 0, log.read_text()
+    return json.loads(log.read_text().splitlines()[-1])
+
+
+def test_a_remedy_sets_the_start_method_and_threads_where_the_script_sets_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _with_remedy(tmp_path, Remedy(start_method="spawn", intra_op_threads=1)) == {
+        "default": "spawn", "named": "spawn", "threads": 1, "worker_threads": 1}
+
+
+def test_a_remedys_threads_stay_in_the_training_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    said = _with_remedy(tmp_path, Remedy(intra_op_threads=2))
+    assert (said["threads"], said["worker_threads"]) == (2, 1)  # a forked worker keeps the one thread it sets
 
 
 def test_a_remedy_describes_itself_in_the_scripts_terms() -> None:

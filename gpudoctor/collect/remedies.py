@@ -89,10 +89,15 @@ class Remedies:
             patches.wrap(torch.Tensor, "cuda", self._non_blocking_cuda)
 
     def _keep_threads(self, threads: int) -> Callable[[Any], Any]:
-        said = self.said
+        """torch.set_num_threads that keeps the remedy's count in this process. A process forked from it (a
+        DataLoader worker, which sets one thread) inherits the patch but not the remedy: it sets what it asks."""
+        said, own_pid = self.said, os.getpid()
 
         def make(original: Any) -> Any:
             def set_num_threads(count: int) -> None:
+                if os.getpid() != own_pid:
+                    original(count)
+                    return
                 if count != threads:
                     said(f"torch.set_num_threads({threads}) where the script sets {count}")
                 original(threads)
