@@ -263,4 +263,5 @@ def intra_op_threads_exceed_free_cores(run: Run, min_main_cores: float = 0.1,
                   "training process CPU": (round(main.cpu_mean, 2), "cores")},
         fix=f"torch.set_num_threads({suggested}) at the start of the script, or OMP_NUM_THREADS={suggested} "
             "in its environment",
+        remedy=Remedy(intra_op_threads=suggested),
     )

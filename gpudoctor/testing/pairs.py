@@ -27,6 +27,7 @@ PAIRS = (
     FixturePair(("GD101",), "tensor_dataset_bad", "tensor_dataset_fixed"),
     FixturePair(("GD103",), "data_starvation_cpu_bound_bad", "data_starvation_cpu_bound_fixed"),
     FixturePair(("GD201",), "blocking_copy_bad", "blocking_copy_fixed"),
+    FixturePair(("GD201",), "loader_pageable_bad", "loader_pageable_fixed"),
     FixturePair(("GD203",), "blocking_copy_d2h_bad", "blocking_copy_d2h_fixed"),
     FixturePair(("GD204",), "blocking_copy_fixed", "blocking_copy_prefetch"),
     FixturePair(("GD201", "GD203"), "inference_pageable_bad", "inference_pageable_fixed"),

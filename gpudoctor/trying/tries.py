@@ -52,8 +52,10 @@ NOT_AT_RUN_TIME = {
     "GD211": "a synchronization is a line of the script: removing it is an edit",
     "GD301": "the batch size is the script's own: a larger one changes what each step computes",
     "GD501": "moving work from threads to processes is an edit of the script",
+    "GD401": "the host's memory is the machine's: the fix is fewer or smaller buffers in the script",
     "GD504": "the other programs on the host are not the script's: give the job its own cores",
-    "GD505": "host memory is the machine's: the fix is fewer or smaller buffers in the script",
+    "GD601": "the slow rank's cause is another finding, tried on its own where it can be",
+    "GD602": "overlapping communication with the backward pass is an edit of the training loop",
 }
 TORCHRUN_JOB = "a torchrun job's fixes cannot be tried yet"
 NOT_AT_RUN_TIME_DEFAULT = "its fix is an edit of the script, which gpudoctor does not make for it"
