@@ -9,7 +9,9 @@ the script's own timings of its steady-state steps over its plain runs (without 
 (fixtures/measurements.json, one to six runs each, and those of earlier recordings of the same script with as
 many steps, all shown). The pairs, and which compare time per sample,
 are in gpudoctor/testing/pairs.py. Target: within ±30% of the measured gain, relative, or ±0.05
-absolute. Prints a Markdown table; docs/rules.md holds its output.
+absolute. Tried: the saving gpudoctor measured when it applied the fix to the bad script itself (`--try-fixes`,
+recorded by bench/validate_tries.py in fixtures/tries.json), or why it was not tried. Prints a Markdown table;
+docs/rules.md holds its output.
 """
 
 from __future__ import annotations
@@ -54,7 +56,20 @@ def predicted_gain(pair: FixturePair, rules: dict[str, Any]) -> tuple[float, str
     return min(1.0, sum(f.impact or 0.0 for f in findings)), "impact"
 
 
-def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any]) -> str:
+def tried_gain(pair: FixturePair, tries: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """The gain the pair's fix measured when gpudoctor applied it to the bad script (bench/validate_tries.py,
+    fixtures/tries.json), as a saving of the step; why not, where it was not tried."""
+    if pair.per_sample:
+        return "—"
+    row = next((tries[(pair.bad, code)] for code in pair.rules if (pair.bad, code) in tries), None)
+    tried = (row or {}).get("tried") or {}
+    if tried.get("status") == "measured":
+        return f"{1 - 1 / tried['speedup']:.0%}"
+    return str(tried.get("status", "—")).replace("_", " ")
+
+
+def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any],
+        tries: dict[tuple[str, str], dict[str, Any]]) -> str:
     bad, fixed = (measured_times(fixtures, name, pair.per_sample) for name in (pair.bad, pair.fixed))
     measured = 1 - statistics.fmean(fixed) / statistics.fmean(bad)
     predicted, basis = predicted_gain(pair, rules)
@@ -68,7 +83,8 @@ def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any]) -> s
         return " / ".join(f"{v * scale:.2f}" for v in values) + " ms"
 
     machine = str(fixtures[pair.bad].get("machine") or "").split(",")[0]
-    return (f"| {pair.bad} → {pair.fixed} | {rules_shown} | {predicted:.0%} | {measured:.0%} | "
+    return (f"| {pair.bad} → {pair.fixed} | {rules_shown} | {predicted:.0%} | {tried_gain(pair, tries)} | "
+            f"{measured:.0%} | "
             f"{'—' if error is None else f'{error:+.0%}'} | {times(bad)} | {times(fixed)} ({unit}) | "
             f"{'yes' if close else 'no'} | {machine} |")
 
@@ -76,11 +92,13 @@ def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any]) -> s
 def main() -> None:
     fixtures = json.loads((ROOT / "fixtures" / "measurements.json").read_text())["fixtures"]
     rules = {r.code: r for r in builtin_rules()}
-    print("| bad → fixed | rules | predicted saving | measured gain | relative error | bad, each run | fixed, each run "
-          "| within ±30% or ±0.05 | GPU |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    recorded = json.loads((ROOT / "fixtures" / "tries.json").read_text())["pairs"]
+    tries = {(r["bad"], r["code"]): r for r in recorded}
+    print("| bad → fixed | rules | predicted saving | tried (--try-fixes) | measured gain | relative error | "
+          "bad, each run | fixed, each run | within ±30% or ±0.05 | GPU |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for pair in PAIRS:
-        print(row(pair, fixtures, rules))
+        print(row(pair, fixtures, rules, tries))
 
 
 if __name__ == "__main__":

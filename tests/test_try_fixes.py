@@ -134,3 +134,15 @@ def test_diff_sets_a_resolved_findings_measured_fix_beside_the_later_runs_speedu
     assert f"its try measured {measured:.2f}x faster" in resolved, shown.stdout
     document = json.loads(gd.run("diff", "run", "twin", "--format", "json").stdout)
     assert [f["before"]["tried_speedup"] for f in document["resolved"] if f["code"] == "GD101"] == [measured]
+
+
+def test_a_job_whose_ranks_the_script_spawns_is_tried_as_a_whole(gd: Gpudoctor) -> None:
+    result = gd.profile(script("spawn_starved.py"), options=("--try-fixes",), timeout=300)
+    assert result.returncode == 0, result
+    gd101 = _finding(result, "GD101")
+    assert gd101["ranks"] == [0, 1]
+    tried = gd101["tried"]
+    assert tried["status"] == "measured", tried
+    assert tried["speedup"] > 1.3, tried
+    folder = result.run_dir / "tries" / "GD101"
+    assert sorted(p.name for p in folder.glob("rank-*")) == ["rank-0", "rank-1"]

@@ -11,13 +11,7 @@ from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.launch import inner_job
-from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
-from gpudoctor.launch.profile import profile as run_profile
-from gpudoctor.launch.run_dir import python_program
-from gpudoctor.launch.torchrun import TorchrunJob, TorchrunUsageError, is_torchrun, parse_torchrun, run_job
 from gpudoctor.paths import find_pyproject
-from gpudoctor.trying.settings import TrySettings
 from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
 if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
@@ -25,6 +19,8 @@ if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it 
     from typer._click.core import Context as _ClickContext
 
     from gpudoctor.diagnose import PreparedRules
+    from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
+    from gpudoctor.launch.torchrun import TorchrunJob
     from gpudoctor.report.document import Report
 
 from gpudoctor.cli.app import (
@@ -127,6 +123,14 @@ def profile(
     try_fixes: TryFixesOption = False, try_steps: TryStepsOption = None, try_timeout: TryTimeoutOption = None,
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
+    # Imported here, not with the module: `gpudoctor --help` and the other commands answer without them.
+    from gpudoctor.launch import inner_job
+    from gpudoctor.launch.profile import ProfileRequest
+    from gpudoctor.launch.profile import profile as run_profile
+    from gpudoctor.launch.run_dir import python_program
+    from gpudoctor.launch.torchrun import is_torchrun
+    from gpudoctor.trying.settings import TrySettings
+
     _check_fail_on(fail_on)
     formats = _formats(output_formats)
     args = list(ctx.args)
@@ -238,6 +242,8 @@ RANK_OPTIONS = ("wait_steps", "warmup_steps", "active_steps", "detail_steps", "m
 
 
 def _torchrun_job(args: list[str]) -> TorchrunJob:
+    from gpudoctor.launch.torchrun import TorchrunUsageError, parse_torchrun
+
     try:
         return parse_torchrun(args)
     except TorchrunUsageError as exc:
@@ -260,6 +266,8 @@ def _rank_options(ctx: typer.Context) -> list[str]:
 def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], prepared: PreparedRules,
                  formats: tuple[str, ...], fail_on: str | None) -> NoReturn:
     """Run torchrun with `gpudoctor profile` as each rank, then merge the rank bundles into one report."""
+    from gpudoctor.launch.torchrun import run_job
+
     outcome = run_job(job, out, rank_options)
     _say_each(outcome.message)
     report = _merge_into(outcome.run_dir, prepared, formats)
@@ -285,6 +293,8 @@ def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]
 def _merge_inner_job(rank_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
     """A rank of `torchrun ... -m gpudoctor profile`: its own report (no summary of its own on the terminal), then
     the job's, merged by the last rank of the node to finish."""
+    from gpudoctor.launch import inner_job
+
     own = _diagnose_into(rank_dir, rank_dir, prepared, tuple(f for f in formats if f != "text"))
     inner_job.mark_done(rank_dir)
     if not inner_job.take_merge(rank_dir.parent):

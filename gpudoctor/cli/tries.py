@@ -23,7 +23,6 @@ from gpudoctor.cli.app import (
     tried_into,
 )
 from gpudoctor.errors import BundleError, InputNotFoundError
-from gpudoctor.trying.settings import TrySettings
 
 TRY_HELP = ("Try the fixes of a run that `gpudoctor profile` recorded: analyse it, then run its script again (the "
             "manifest's command, working directory and arguments) once per finding whose fix gpudoctor can apply at "
@@ -50,6 +49,7 @@ def try_fixes(
     from gpudoctor.diagnose import diagnose, open_run, prepare_rules
     from gpudoctor.job.layout import is_job_dir
     from gpudoctor.job.merge import diagnose_job
+    from gpudoctor.trying.settings import TrySettings
     from gpudoctor.trying.tries import TORCHRUN_JOB
 
     formats = _formats(output_formats)
