@@ -5,9 +5,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 
-from gpudoctor import Finding, NotEvaluated, Run, rule
+from gpudoctor import Finding, LoaderRemedy, NotEvaluated, Remedy, Run, rule
 from gpudoctor.analysis.views import CopySite, SyncSite
-from gpudoctor.remedy import LoaderRemedy, Remedy
 
 MB = 1024 * 1024
 # Nominal PCIe bandwidth per lane by generation (bytes/s), and the share of it a pinned host-to-device

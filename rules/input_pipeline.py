@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpudoctor import Finding, NotEvaluated, Run, rule
+from gpudoctor import Finding, LoaderRemedy, NotEvaluated, Remedy, Run, rule
 from gpudoctor.analysis import (
     DataWait,
     LoaderInfo,
@@ -18,7 +18,6 @@ from gpudoctor.analysis import (
     setting_at,
     settings_location,
 )
-from gpudoctor.remedy import LoaderRemedy, Remedy
 
 
 def _loader(run: Run) -> LoaderInfo:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 
-from gpudoctor import Finding, Run, rule
-from gpudoctor.remedy import LoaderRemedy, Remedy
+from gpudoctor import Finding, LoaderRemedy, Remedy, Run, rule
 
 DEFAULT_SWITCH_INTERVAL_S = 0.005  # CPython's default, for a bundle that did not record the script's own
 

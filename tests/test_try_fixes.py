@@ -136,8 +136,7 @@ def test_diff_sets_a_resolved_findings_measured_fix_beside_the_later_runs_speedu
     assert [f["before"]["tried_speedup"] for f in document["resolved"] if f["code"] == "GD101"] == [measured]
 
 
-def test_a_job_whose_ranks_the_script_spawns_is_tried_as_a_whole(gd: Gpudoctor) -> None:
-    result = gd.profile(script("spawn_starved.py"), options=("--try-fixes",), timeout=300)
+def _tried_as_a_whole(result: Result) -> dict:
     assert result.returncode == 0, result
     gd101 = _finding(result, "GD101")
     assert gd101["ranks"] == [0, 1]
@@ -146,3 +145,17 @@ def test_a_job_whose_ranks_the_script_spawns_is_tried_as_a_whole(gd: Gpudoctor) 
     assert tried["speedup"] > 1.3, tried
     folder = result.run_dir / "tries" / "GD101"
     assert sorted(p.name for p in folder.glob("rank-*")) == ["rank-0", "rank-1"]
+    return tried
+
+
+def test_a_job_whose_ranks_the_script_spawns_is_tried_as_a_whole(gd: Gpudoctor) -> None:
+    _tried_as_a_whole(gd.profile(script("starved_ranks.py"), options=("--try-fixes",), timeout=300))
+
+
+def test_a_torchrun_job_is_tried_as_a_whole_and_again_later(gd: Gpudoctor) -> None:
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script("starved_ranks.py"))
+    profiled = gd.run("profile", "--out", "run", "--try-fixes", *torchrun, timeout=300)
+    _tried_as_a_whole(profiled)
+    later = gd.run("try", "run", "--finding", "GD101", timeout=300)
+    assert later.returncode == 0, later
+    _tried_as_a_whole(profiled)  # findings.json written again, by `gpudoctor try`

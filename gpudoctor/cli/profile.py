@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NamedTuple, NoReturn
@@ -21,7 +22,9 @@ if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it 
     from gpudoctor.diagnose import PreparedRules
     from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
     from gpudoctor.launch.torchrun import TorchrunJob
+    from gpudoctor.remedy import Remedy
     from gpudoctor.report.document import Report
+    from gpudoctor.trying.settings import TrySettings
 
 from gpudoctor.cli.app import (
     PROFILE_HELP,
@@ -121,6 +124,9 @@ def profile(
     rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
     output_formats: FormatOption = None,
     try_fixes: TryFixesOption = False, try_steps: TryStepsOption = None, try_timeout: TryTimeoutOption = None,
+    remedy: Annotated[str | None, typer.Option(
+        hidden=True, help="A try's fix, as JSON (gpudoctor.remedy.Remedy): how a torchrun job's tries reach its "
+                          "ranks.")] = None,
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     # Imported here, not with the module: `gpudoctor --help` and the other commands answer without them.
@@ -143,18 +149,16 @@ def profile(
     if script is not None and not is_torchrun(script, module):
         script = python_program(script) or script  # `gpudoctor profile accelerate launch ...`
     if is_torchrun(script, module):
-        if try_fixes:
-            raise typer.BadParameter("a torchrun job's fixes cannot be tried yet: profile it without --try-fixes.",
-                                     param_hint="--try-fixes")
         _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
         job = _torchrun_job(args)
-        _profile_job(job, out, _rank_options(ctx), _prepare(selection), formats, fail_on)
+        tries = TrySettings(try_steps, try_timeout) if try_fixes else None
+        _profile_job(job, out, _rank_options(ctx), _prepare(selection), formats, fail_on, tries)
     request = ProfileRequest(
         script=script, module=module, args=args, out=out,
         window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
                             every_s=_duration_s(every)),
         max_steps=max_steps,
-        timeout_s=timeout, with_stack=with_stack,
+        timeout_s=timeout, with_stack=with_stack, remedy=_remedy(remedy),
     )
     if _rules_beyond_the_builtins(selection):
         # Loaded and checked before the script runs, so that a bad rule file or setting costs no run.
@@ -263,14 +267,29 @@ def _rank_options(ctx: typer.Context) -> list[str]:
     return passed
 
 
+def _remedy(text: str | None) -> Remedy | None:
+    from gpudoctor.remedy import Remedy
+
+    if text is None:
+        return None
+    try:
+        return Remedy.from_json(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(f"not a remedy: {exc}", param_hint="--remedy") from None
+
+
 def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], prepared: PreparedRules,
-                 formats: tuple[str, ...], fail_on: str | None) -> NoReturn:
-    """Run torchrun with `gpudoctor profile` as each rank, then merge the rank bundles into one report."""
+                 formats: tuple[str, ...], fail_on: str | None, tries: TrySettings | None) -> NoReturn:
+    """Run torchrun with `gpudoctor profile` as each rank, then merge the rank bundles into one report (and, with
+    `tries`, try its fixes, each a run of the whole job)."""
     from gpudoctor.launch.torchrun import run_job
 
     outcome = run_job(job, out, rank_options)
     _say_each(outcome.message)
-    report = _merge_into(outcome.run_dir, prepared, formats)
+    first = tuple(f for f in formats if f != "text") if tries is not None else formats
+    report = _merge_into(outcome.run_dir, prepared, first)
+    if tries is not None and report is not None:
+        report = tried_into(report, outcome.run_dir, tries, formats)
     status = outcome.exit_status
     if status == 0 and report is not None and _fails(report, fail_on):
         status = EXIT_FINDINGS

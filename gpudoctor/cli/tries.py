@@ -50,16 +50,13 @@ def try_fixes(
     from gpudoctor.job.layout import is_job_dir
     from gpudoctor.job.merge import diagnose_job
     from gpudoctor.trying.settings import TrySettings
-    from gpudoctor.trying.tries import TORCHRUN_JOB
 
     formats = _formats(output_formats)
     if not run_dir.exists():
         raise InputNotFoundError(f"{run_dir} does not exist.")
-    if is_job_dir(run_dir):
-        raise BundleError(f"{run_dir} is a torchrun job's run directory: {TORCHRUN_JOB}.")
-    if not (run_dir / MANIFEST).is_file():
+    if not (run_dir / MANIFEST).is_file() and not is_job_dir(run_dir):
         raise BundleError(f"{run_dir} is not a run directory of gpudoctor profile: it has no {MANIFEST}.")
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
-    # A job whose ranks the script started (Lightning, mp.spawn): its ranks' bundles beside the script's manifest
+    # A torchrun job, or one whose ranks the script started (Lightning, mp.spawn): its ranks' bundles, merged
     report = diagnose_job([run_dir], prepared) if rank_dirs(run_dir) else diagnose(open_run(run_dir), prepared)
     tried_into(report, run_dir, TrySettings(try_steps, try_timeout, finding), formats)

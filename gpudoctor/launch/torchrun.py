@@ -7,16 +7,17 @@ gpudoctor rewrites the command into the form where gpudoctor runs inside torchru
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpudoctor.bundle import Manifest, read_manifest
+from gpudoctor.bundle import Manifest, read_manifest, write_json_atomic
 from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.errors import BundleError, GpudoctorError
 from gpudoctor.launch.inner_job import OUTER_ENV
@@ -26,6 +27,7 @@ from gpudoctor.launch.supervisor import Supervisor, exit_status_of, terminal_sen
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_FORMATS = "json,html"  # the ranks print no summary of their own: the merged one is printed once, at the end
 FINE_ENDINGS = ("completed", "max_steps")
+JOB_COMMAND = "torchrun.json"  # in the job's run directory: torchrun's options, the script, its arguments
 
 
 class TorchrunUsageError(GpudoctorError):
@@ -128,15 +130,44 @@ class _AgentSupervisor(Supervisor):
             self.child.send_signal(signal.SIGINT)
 
 
-def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str]) -> JobOutcome:
-    """Run torchrun with gpudoctor inside it and wait for it; the ranks' output is the terminal's."""
+def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str],
+            output_log: Path | None = None) -> JobOutcome:
+    """Run torchrun with gpudoctor inside it and wait for it; the ranks' output is the terminal's, or `output_log`'s.
+    The command is kept in the run directory (JOB_COMMAND), for `gpudoctor try` to run the job again."""
     if job.script is not None:
         check_script(job.script)  # once here, rather than once per rank
     run_dir = make_job_dir(out, job.name)
-    agent = subprocess.Popen(rank_command(job, run_dir, rank_options), env={**os.environ, OUTER_ENV: "1"})
+    write_json_atomic(run_dir / JOB_COMMAND, {**asdict(job), "rank_options": rank_options, "cwd": os.getcwd()})
+    output = output_log.open("ab") if output_log is not None else None
+    try:
+        agent = subprocess.Popen(rank_command(job, run_dir, rank_options), env={**os.environ, OUTER_ENV: "1"},
+                                 stdout=output, stderr=subprocess.STDOUT if output is not None else None)
+    finally:
+        if output is not None:
+            output.close()
     returncode = _AgentSupervisor(agent, None).wait()
     status = exit_status_of(returncode)
     return JobOutcome(run_dir, status, None if returncode == 0 else failure_sentence(run_dir, returncode))
+
+
+@dataclass(frozen=True)
+class JobCommand:
+    """A torchrun job as gpudoctor ran it: what `gpudoctor try` runs again."""
+
+    job: TorchrunJob
+    rank_options: list[str]
+    cwd: str
+
+
+def read_job_command(run_dir: Path) -> JobCommand | None:
+    """The job's command (JOB_COMMAND), or None for a job run directory without one (written before it was kept)."""
+    try:
+        data = json.loads((run_dir / JOB_COMMAND).read_text(encoding="utf-8"))
+        job = TorchrunJob(options=list(data["options"]), script=data["script"], module=data["module"],
+                          args=list(data["args"]))
+        return JobCommand(job, list(data["rank_options"]), str(data["cwd"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def failure_sentence(run_dir: Path, returncode: int) -> str:

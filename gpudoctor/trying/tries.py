@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -25,12 +26,15 @@ from gpudoctor.bundle import EVENTS
 from gpudoctor.bundle.events import EVENT_DECODER, RemedyEvent
 from gpudoctor.bundle.findings import Tried
 from gpudoctor.bundle.jsonio import read_jsonl
-from gpudoctor.bundle.layout import rank_dirs
+from gpudoctor.bundle.layout import MANIFEST, rank_dirs
 from gpudoctor.bundle.manifest import Manifest, read_manifest
 from gpudoctor.collect.config import WindowConfig
-from gpudoctor.errors import GpudoctorError
+from gpudoctor.errors import BundleError, GpudoctorError
 from gpudoctor.job.layout import is_job_dir
-from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest, profile
+from gpudoctor.launch.followed import LAUNCHER_DIR
+from gpudoctor.launch.inner_job import DONE
+from gpudoctor.launch.profile import ProfileRequest, profile
+from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
 from gpudoctor.report.document import Report
 from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, written_between
@@ -57,7 +61,6 @@ NOT_AT_RUN_TIME = {
     "GD601": "the slow rank's cause is another finding, tried on its own where it can be",
     "GD602": "overlapping communication with the backward pass is an edit of the training loop",
 }
-TORCHRUN_JOB = "a torchrun job's fixes cannot be tried yet"
 NOT_AT_RUN_TIME_DEFAULT = "its fix is an edit of the script, which gpudoctor does not make for it"
 
 
@@ -66,8 +69,9 @@ class Diagnosed:
     """The diagnosed run, as its tries repeat it."""
 
     run_dir: Path
-    manifest: Manifest
+    manifest: Manifest  # the run's; a torchrun job's first rank's
     step_s: float | None
+    torchrun: JobCommand | None = None  # a torchrun job: the command each try runs again, as a whole
 
     @property
     def window(self) -> WindowConfig:
@@ -99,10 +103,8 @@ class Diagnosed:
 
 def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callable[[str], None]) -> Report:
     """The report with `tried` on each finding chosen: its fix measured, or why it was not."""
-    if is_job_dir(run_dir):
-        return _with_tried(report, settings, lambda f: Tried(status="not_applicable", reason=TORCHRUN_JOB))
     try:
-        diagnosed = Diagnosed(run_dir, read_manifest(run_dir), report["run"].get("step_s"))
+        diagnosed = _diagnosed(run_dir, report)
     except GpudoctorError as exc:
         unread = str(exc)
         return _with_tried(report, settings, lambda f: Tried(status="not_applicable", reason=unread))
@@ -114,6 +116,25 @@ def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callabl
         return _with_tried(report, settings, tries.one)
     finally:
         tries.close()
+
+
+def _diagnosed(run_dir: Path, report: Report) -> Diagnosed:
+    """The run as its tries repeat it: its manifest; for a job whose ranks the script started, the script's own
+    (launcher/, or its first rank's when the script trained as one, as Lightning's does); for a torchrun job that
+    gpudoctor started, its command and its first rank's manifest."""
+    step_s = report["run"].get("step_s")
+    if not is_job_dir(run_dir):
+        return Diagnosed(run_dir, read_manifest(run_dir), step_s)
+    command = read_job_command(run_dir)
+    ranks = rank_dirs(run_dir)
+    first = min(ranks.items())[1]
+    if command is not None:
+        return Diagnosed(run_dir, read_manifest(first), step_s, command)
+    if any((bundle / DONE).exists() for bundle in ranks.values()):  # torchrun around gpudoctor: the user's command
+        raise BundleError(f"{run_dir} is a job that torchrun started around gpudoctor, whose command gpudoctor does "
+                          "not know: profile it as `gpudoctor profile --try-fixes torchrun ...` to try its fixes")
+    launcher = run_dir / LAUNCHER_DIR
+    return Diagnosed(run_dir, read_manifest(launcher if (launcher / MANIFEST).is_file() else first), step_s)
 
 
 def _cannot_try(diagnosed: Diagnosed, report: Report) -> str | None:
@@ -189,34 +210,70 @@ class _Tries:
 
     def _run(self, folder: Path, remedy: Remedy) -> Tried:
         assert self.kept is not None
-        diagnosed, target = self.diagnosed, self.diagnosed.manifest.target
         folder.mkdir(parents=True)
-        request = ProfileRequest(
-            script=target.script, module=target.module, args=list(target.args), out=folder,
-            window=diagnosed.window, max_steps=diagnosed.steps(self.settings),
-            timeout_s=diagnosed.timeout_s(self.settings), with_stack=diagnosed.manifest.with_stack, progress=False,
-            remedy=remedy, output_log=folder / OUTPUT_LOG)
+        steps, timeout_s = self.diagnosed.steps(self.settings), self.diagnosed.timeout_s(self.settings)
         before = self.directory.listing()
         try:
             with _working_directory(self.directory.root):
-                outcome = profile(request)
+                ended = (_run_job if self.diagnosed.torchrun else _run_script)(
+                    self.diagnosed, folder, remedy, steps, timeout_s)
         finally:
             moved = self.kept.after_try(before, folder / OUTPUTS)
         if moved:
             self.say(f"the try wrote {len(moved)} file(s) in {self.directory.root}; they are in {folder / OUTPUTS}")
-        return measure(diagnosed, folder, remedy, outcome, request.timeout_s or 0.0)
+        return measure(self.diagnosed, folder, remedy, ended, timeout_s)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a try's run ended."""
+
+    exit_status: int
+    timed_out: bool
+
+
+def _run_script(diagnosed: Diagnosed, folder: Path, remedy: Remedy, steps: int, timeout_s: float) -> Ended:
+    """The script again, as the diagnosed run started it (its ranks, where it starts them itself)."""
+    target = diagnosed.manifest.target
+    outcome = profile(ProfileRequest(
+        script=target.script, module=target.module, args=list(target.args), out=folder, window=diagnosed.window,
+        max_steps=steps, timeout_s=timeout_s, with_stack=diagnosed.manifest.with_stack, progress=False,
+        remedy=remedy, output_log=folder / OUTPUT_LOG))
+    return Ended(outcome.exit_status, outcome.ending == "timeout")
+
+
+def _run_job(diagnosed: Diagnosed, folder: Path, remedy: Remedy, steps: int, timeout_s: float) -> Ended:
+    """A torchrun job again, whole: every rank a `gpudoctor profile` with the remedy (it says which rank it is for),
+    stopped after `steps` steps or `timeout_s` seconds, as the diagnosed job's options had it."""
+    command = diagnosed.torchrun
+    assert command is not None
+    bounded = [*command.rank_options, "--max-steps", str(steps), "--timeout", f"{timeout_s:g}",
+               "--remedy", json.dumps(remedy.to_json())]
+    outcome = run_job(command.job, folder, bounded, output_log=folder / OUTPUT_LOG)
+    return Ended(outcome.exit_status, _a_rank_timed_out(folder))
+
+
+def _a_rank_timed_out(folder: Path) -> bool:
+    for bundle in rank_dirs(folder).values():
+        try:
+            exit_info = read_manifest(bundle).exit
+        except GpudoctorError:
+            continue
+        if exit_info is not None and exit_info.ending == "timeout":
+            return True
+    return False
 
 
 OUTPUT_LOG = "output.log"
 OUTPUTS = "outputs"
 
 
-def measure(diagnosed: Diagnosed, folder: Path, remedy: Remedy, outcome: ProfileOutcome, timeout_s: float) -> Tried:
+def measure(diagnosed: Diagnosed, folder: Path, remedy: Remedy, outcome: Ended, timeout_s: float) -> Tried:
     """The try's step at its pace against the diagnosed run's, or why there is none."""
     applied = applied_changes(folder)
     described = "; ".join(applied) or remedy.describe()
     log = folder / OUTPUT_LOG
-    if outcome.ending == "timeout":
+    if outcome.timed_out:
         return Tried(status="failed", applied=described,
                      reason=f"with the fix the script had not finished {timeout_s:g} s later; its output is in {log}")
     if outcome.exit_status != diagnosed.exit_status:
@@ -251,13 +308,13 @@ def _pace(folder: Path) -> tuple[float, int] | None:
 
 
 def applied_changes(folder: Path) -> list[str]:
-    """What the try's process changed, as it said (RemedyEvent), in the order it did."""
-    path = folder / EVENTS
-    if not path.is_file():
-        return []
-    changes = [event.applied for event in read_jsonl(path, EVENT_DECODER) if isinstance(event, RemedyEvent)]
+    """What the try's processes changed, as they said (RemedyEvent), in the order they did: the script's own, and
+    its ranks' where it started ranks (their bundles are rank-K/, the script's own launcher/ when it only started
+    them)."""
+    bundles = [folder, *rank_dirs(folder).values(), folder / LAUNCHER_DIR]
+    changes = [event.applied for bundle in bundles if (bundle / EVENTS).is_file()
+               for event in read_jsonl(bundle / EVENTS, EVENT_DECODER) if isinstance(event, RemedyEvent)]
     return list(dict.fromkeys(changes))
-
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""Two ranks started with torch.multiprocessing.spawn (gloo on the CPU), each starved by its DataLoader: a sample
-takes 4 ms to make (a sleep, as reading a file would) and the loader makes them in the rank's own process. Each
-step's device work is a 20 ms sleep, as a GPU's would be. `--workers 2` is the fixed twin."""
+"""Two DDP ranks (gloo on the CPU), each starved by its DataLoader: a sample takes 4 ms to make (a sleep, as reading a
+file would) and the loader makes them in the rank's own process. Each step's device work is a 20 ms sleep, as a
+GPU's would be. Under torchrun (RANK set) this process is one rank; run plainly, it starts both with
+torch.multiprocessing.spawn. `--workers 2` is the fixed twin."""
 
 import argparse
 import os
@@ -57,5 +58,8 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args()
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    mp.spawn(train, args=(2, args.steps, args.workers), nprocs=2)
+    if "RANK" in os.environ:  # a rank of torchrun, which set the rendezvous
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.steps, args.workers)
+    else:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
+        mp.spawn(train, args=(2, args.steps, args.workers), nprocs=2)
