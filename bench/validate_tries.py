@@ -60,8 +60,8 @@ TRY_PAIRS = (
     TryPair("GD201", "loader_pageable_bad", "loader_pageable_fixed"),
     TryPair("GD201", "tensor_dataset_bad", "tensor_dataset_fixed",
             "pinned loader batches; the twin's fix is a BatchSampler (GD101), not this one"),
-    TryPair("GD201", "blocking_copy_bad", "blocking_copy_fixed", "the copy's source is no loader batch"),
-    TryPair("GD201", "inference_pageable_bad", "inference_pageable_fixed", "the copy's source is no loader batch"),
+    TryPair("GD201", "blocking_copy_bad", "blocking_copy_fixed"),
+    TryPair("GD201", "inference_pageable_bad", "inference_pageable_fixed"),
 )
 
 
