@@ -4,7 +4,9 @@ A try is a `gpudoctor profile` of the same command in the same working directory
 and a finding's remedy (gpudoctor.remedy) applied in the script's process, stopped after a bounded number of
 steps and a time limit. Its step is measured as the diagnosed run's is: `run.step_s`, the run's pace, from the
 steps after the window. The tries run one at a time, after the diagnosed run, each into RUN/tries/CODE/ (its
-bundle, its own report, the script's output in output.log and the files it wrote in outputs/).
+bundle, which `gpudoctor analyze` reports on, the script's output in output.log and the files it wrote in
+outputs/). A job is tried as a whole: a torchrun job by torchrun again (its command kept in the job's directory),
+a job whose ranks the script starts by the script again.
 
 A try is "failed" when the script crashes, hangs past the limit or ends with another exit status than the
 diagnosed run's (gpudoctor compares exit statuses, not what the script computed); "not_applicable" when the fix
