@@ -46,16 +46,15 @@ class TryPair:
     bad: str
     fixed: str
     note: str = ""  # what the row shows besides the targets
+    args: tuple[str, ...] = ()  # the scripts' arguments, in every run: enough steps for a steady state
 
 
 TRY_PAIRS = (
     TryPair("GD101", "data_starvation_bad", "data_starvation_fixed"),
     TryPair("GD102", "data_starvation_workers_bad", "data_starvation_workers_fixed"),
-    TryPair("GD102", "classifier_few_workers_bad", "classifier_few_workers_fixed",
-            "the bad script's own step: 132 ms in the diagnosed run, 186 and 190 ms in its plain runs"),
-    TryPair("GD503", "cpu_oversubscription_bad", "cpu_oversubscription_fixed",
-            "the bad script times its 30 steps' start-up (16 workers' first batches); after the window its "
-            "steps are fed from a full queue"),
+    TryPair("GD102", "classifier_few_workers_bad", "classifier_few_workers_fixed", args=("--steps", "100")),
+    # Its default 30 steps are its 16 workers' start-up: their first 32 batches, made while it starts, feed them.
+    TryPair("GD503", "cpu_oversubscription_bad", "cpu_oversubscription_fixed", args=("--steps", "200")),
     TryPair("GD502", "fork_after_cuda_bad", "fork_after_cuda_fixed"),
     TryPair("GD201", "loader_pageable_bad", "loader_pageable_fixed"),
     TryPair("GD201", "tensor_dataset_bad", "tensor_dataset_fixed",
@@ -69,15 +68,16 @@ TRY_PAIRS = (
 def record_pair(pair: TryPair, out: Path, plain_runs: int, timeout_s: float) -> dict[str, Any]:
     bundle = out / pair.bad
     profiled = run_group([sys.executable, "-m", "gpudoctor", "profile", "--out", str(bundle), "--try-fixes",
-                          *PROFILE_OPTIONS.get(pair.bad, []), str(SCRIPTS / f"{pair.bad}.py")], timeout_s)
+                          *PROFILE_OPTIONS.get(pair.bad, []), str(SCRIPTS / f"{pair.bad}.py"), *pair.args], timeout_s)
     (out / f"{pair.bad}.try.log").write_text(profiled.stdout[-20000:] + "\n---\n" + profiled.stderr[-20000:])
     finding = _finding(bundle / "findings.json", pair.code)
     step_s = _step_s(bundle / "findings.json")
-    plain = {name: [_plain_step(name, timeout_s) for _ in range(plain_runs)] for name in (pair.bad, pair.fixed)}
+    plain = {name: [_plain_step(name, pair.args, timeout_s) for _ in range(plain_runs)]
+             for name in (pair.bad, pair.fixed)}
     return {"code": pair.code, "bad": pair.bad, "fixed": pair.fixed, "status": profiled.status,
             "reason": profiled.reason, "step_s": step_s, "impact": finding.get("impact") if finding else None,
             "tried": finding.get("tried") if finding else None, "plain": plain,
-            "recorded": dt.datetime.now(dt.timezone.utc).isoformat()}
+            "args": list(pair.args), "recorded": dt.datetime.now(dt.timezone.utc).isoformat()}
 
 
 def _finding(path: Path, code: str) -> dict[str, Any] | None:
@@ -96,8 +96,8 @@ def _step_s(path: Path) -> float | None:
         return None
 
 
-def _plain_step(name: str, timeout_s: float) -> float | None:
-    result = script_result(run_group([sys.executable, str(SCRIPTS / f"{name}.py")], timeout_s).stdout)
+def _plain_step(name: str, args: tuple[str, ...], timeout_s: float) -> float | None:
+    result = script_result(run_group([sys.executable, str(SCRIPTS / f"{name}.py"), *args], timeout_s).stdout)
     return result.get("median_step_s") if result else None
 
 

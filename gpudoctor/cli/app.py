@@ -94,7 +94,8 @@ TryFixesOption = Annotated[bool, typer.Option(
                         "(DataLoader settings, threads, start method, non-blocking copies), with that fix, and "
                         "measure its step: each try in RUN/tries/CODE/, its speed-up on the finding.")]
 TryStepsOption = Annotated[int | None, typer.Option(
-    metavar="N", min=1, help="Steps each try runs (default: the profiling window's and 20 after it).",
+    metavar="N", min=1, help="Steps each try runs (default: as many as the diagnosed run, at most 200 after the "
+                             "profiling window).",
     show_default=False)]
 TryTimeoutOption = Annotated[float | None, typer.Option(
     metavar="SECONDS", min=1, help="Each try's time limit (default: twice the run's time, at least 60 s).",

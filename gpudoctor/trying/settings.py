@@ -7,6 +7,6 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TrySettings:
-    steps: int | None = None  # steps each try runs (None: the window's, and STEPS_AFTER_WINDOW after it)
+    steps: int | None = None  # steps each try runs (None: the diagnosed run's, at most STEPS_AFTER_WINDOW more)
     timeout_s: float | None = None  # each try's limit (None: twice the diagnosed run's time, at least a minute)
     finding: str | None = None  # only the findings whose code starts with this

@@ -43,7 +43,9 @@ from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDir
 from gpudoctor.trying.settings import TrySettings
 
 TRIES_DIR = "tries"
-STEPS_AFTER_WINDOW = 20  # steps a try runs after its profiling window: the pace is their mean
+# A try runs as many steps as the diagnosed run, at most this many after its profiling window: a loader's queue,
+# filled while its workers start, feeds the first steps (cpu_oversubscription_bad's 16 workers: 32 batches).
+STEPS_AFTER_WINDOW = 200
 MIN_TIMEOUT_S = 60.0
 
 # Why a built-in rule's fix is not tried: it is an edit of the script, which gpudoctor does not make for it.
@@ -82,9 +84,12 @@ class Diagnosed:
                                                              detail=w.detail, every_s=w.every_s)
 
     def steps(self, settings: TrySettings) -> int:
-        window = self.window
-        steps = settings.steps or window.wait + window.length + STEPS_AFTER_WINDOW
-        return min(steps, self.manifest.max_steps) if self.manifest.max_steps else steps
+        """--try-steps, or as many steps as the diagnosed run, at most STEPS_AFTER_WINDOW after the window."""
+        if settings.steps is not None:
+            return settings.steps
+        window, ran = self.window, self.manifest.exit.steps if self.manifest.exit is not None else None
+        steps = window.wait + window.length + STEPS_AFTER_WINDOW
+        return min(steps, ran) if ran else steps
 
     def timeout_s(self, settings: TrySettings) -> float:
         if settings.timeout_s is not None:
