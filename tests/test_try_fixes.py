@@ -70,7 +70,8 @@ def test_a_fix_that_breaks_the_script_is_failed_and_the_report_is_whole(gd: Gpud
     tried = _finding(result, "GD101")["tried"]
     assert tried["status"] == "failed"
     assert tried["reason"].startswith("with the fix the script exited with status 1 (without it, 0); its output is in ")
-    assert "RuntimeError: this script does not run with DataLoader workers" in Path(tried["reason"].split()[-1]).read_text()
+    log = Path(tried["reason"].split()[-1])
+    assert "RuntimeError: this script does not run with DataLoader workers" in log.read_text()
     assert "tried, failed: with the fix the script exited with status 1" in result.stderr
     assert "tried, failed" in (result.run_dir / "report.html").read_text()
 
@@ -89,7 +90,8 @@ def test_try_refuses_a_directory_that_is_no_run(gd: Gpudoctor) -> None:
     (gd.cwd / "empty").mkdir()
     result = gd.run("try", "empty")
     assert result.returncode == 65
-    assert result.first_message == "gpudoctor: empty is not a run directory of gpudoctor profile: it has no manifest.json."
+    assert result.first_message == ("gpudoctor: empty is not a run directory of gpudoctor profile: "
+                                    "it has no manifest.json.")
 
 
 def _with_remedy(tmp_path: Path, remedy: Remedy) -> dict:
