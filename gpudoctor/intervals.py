@@ -66,6 +66,10 @@ class Disjoint:
         """The indices of the intervals that overlap [lo, hi] (those `within` gives)."""
         return range(bisect_right(self.ends, lo), bisect_left(self.starts, hi))
 
+    def overlaps(self, lo: float, hi: float) -> bool:
+        """Whether an interval overlaps [lo, hi] (`clipped` would give one): two bisections, no list."""
+        return bisect_right(self.ends, lo) < bisect_left(self.starts, hi)
+
     def clipped(self, lo: float, hi: float) -> list[Interval]:
         """`clip(within(intervals, lo, hi), lo, hi)`."""
         found = self._within(lo, hi)

@@ -218,9 +218,9 @@ class _Splitter:
         return parts
 
     def _cause(self, lo: float, hi: float) -> str:
-        if self.blocking.clipped(lo, hi):  # a call overlapping the gap
+        if self.blocking.overlaps(lo, hi):  # a call overlapping the gap
             return "sync"
-        if self.copies.clipped(lo, hi):
+        if self.copies.overlaps(lo, hi):
             return "copy"
         if not self.detail:
             return "host"
