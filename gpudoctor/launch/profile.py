@@ -9,7 +9,6 @@ into (gpudoctor.collect.follow): each writes its bundle in the run directory, fi
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from gpudoctor.launch.ending import describe_ending
 from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
 from gpudoctor.launch.ranks import torchrun_rank
 from gpudoctor.launch.run_dir import check_script, make_run_dir
-from gpudoctor.launch.supervisor import Supervisor
+from gpudoctor.launch.supervisor import Supervisor, start
 from gpudoctor.remedy import Remedy
 
 
@@ -73,13 +72,7 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     job_dir = run_dir.parent if torchrun_rank() is not None else run_dir
     env = follow.environment(dict(os.environ), follow.FollowConfig(str(job_dir), config, os.getpid()))
     started = time.time()
-    output = request.output_log.open("ab") if request.output_log is not None else None
-    try:
-        child = subprocess.Popen(child_command(config, request.script, request.module, request.args), env=env,
-                                 stdout=output, stderr=subprocess.STDOUT if output is not None else None)
-    finally:
-        if output is not None:
-            output.close()
+    child = start(child_command(config, request.script, request.module, request.args), env, request.output_log)
     # Set up while the script's interpreter starts: the samplers' imports, NVML's start and the GPUs'
     # description do not delay it.
     try:

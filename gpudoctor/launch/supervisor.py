@@ -9,9 +9,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
+
+
+def start(command: list[str], env: dict[str, str], output_log: Path | None = None) -> subprocess.Popen:
+    """Start `command`; its stdout and stderr are the terminal's, or appended to `output_log` (a try's)."""
+    if output_log is None:
+        return subprocess.Popen(command, env=env)
+    with output_log.open("ab") as output:
+        return subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
 
 
 class Supervisor:

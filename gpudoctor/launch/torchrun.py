@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.errors import BundleError, GpudoctorError
 from gpudoctor.launch.inner_job import OUTER_ENV
 from gpudoctor.launch.run_dir import check_script, prepare_run_dir, stamped_dir
-from gpudoctor.launch.supervisor import Supervisor, exit_status_of, terminal_sent_to_group
+from gpudoctor.launch.supervisor import Supervisor, exit_status_of, start, terminal_sent_to_group
 
 TORCHRUN_MODULE = "torch.distributed.run"
 RANK_FORMATS = "json,html"  # the ranks print no summary of their own: the merged one is printed once, at the end
@@ -138,13 +137,7 @@ def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str],
         check_script(job.script)  # once here, rather than once per rank
     run_dir = make_job_dir(out, job.name)
     write_json_atomic(run_dir / JOB_COMMAND, {**asdict(job), "rank_options": rank_options, "cwd": os.getcwd()})
-    output = output_log.open("ab") if output_log is not None else None
-    try:
-        agent = subprocess.Popen(rank_command(job, run_dir, rank_options), env={**os.environ, OUTER_ENV: "1"},
-                                 stdout=output, stderr=subprocess.STDOUT if output is not None else None)
-    finally:
-        if output is not None:
-            output.close()
+    agent = start(rank_command(job, run_dir, rank_options), {**os.environ, OUTER_ENV: "1"}, output_log)
     returncode = _AgentSupervisor(agent, None).wait()
     status = exit_status_of(returncode)
     return JobOutcome(run_dir, status, None if returncode == 0 else failure_sentence(run_dir, returncode))
