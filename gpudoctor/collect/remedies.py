@@ -85,8 +85,8 @@ class Remedies:
             self.said(f"torch.set_num_threads({threads})")
             patches.wrap(torch, "set_num_threads", self._keep_threads(threads))
         if self.remedy.non_blocking_batches:
-            patches.wrap(torch.Tensor, "to", self._non_blocking_to)
-            patches.wrap(torch.Tensor, "cuda", self._non_blocking_cuda)
+            patches.wrap(torch.Tensor, "to", self._non_blocking("to", positional=2))
+            patches.wrap(torch.Tensor, "cuda", self._non_blocking("cuda", positional=1))
 
     def _keep_threads(self, threads: int) -> Callable[[Any], Any]:
         """torch.set_num_threads that keeps the remedy's count in this process. A process forked from it (a
@@ -111,7 +111,11 @@ class Remedies:
                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The arguments of DataLoader(...) called from `caller`, with the remedy's settings where it applies."""
         loader = self.remedy.loader
-        if loader is None or not self._built_at(loader, caller):
+        if loader is None:
+            return args, kwargs
+        site = location(user_frame_from(caller))
+        where = f"{site.file}:{site.line}" if site is not None else None
+        if loader.at is not None and where != loader.at:
             return args, kwargs
         try:
             bound = inspect.signature(init).bind(None, *args, **kwargs)
@@ -124,15 +128,8 @@ class Remedies:
                                                             loader.worker_threads)
             changed.append(f"worker_init_fn=... torch.set_num_threads({loader.worker_threads})")
         if changed:
-            where = location(user_frame_from(caller))
-            self.said(f"DataLoader({', '.join(changed)})" + (f" at {where.file}:{where.line}" if where else ""))
+            self.said(f"DataLoader({', '.join(changed)})" + (f" at {where}" if where else ""))
         return bound.args[1:], bound.kwargs
-
-    def _built_at(self, loader: LoaderRemedy, caller: FrameType) -> bool:
-        if loader.at is None:
-            return True
-        site = location(user_frame_from(caller))
-        return site is not None and f"{site.file}:{site.line}" == loader.at
 
     def on_batch(self, batch: Any) -> None:
         """Remember the pinned tensors of a batch the loader returned, for their copies to be non-blocking."""
@@ -144,28 +141,22 @@ class Remedies:
     def _from_batch(self, tensor: Any) -> bool:
         return self._batch_tensors.get(id(tensor)) is tensor
 
-    def _non_blocking_to(self, original: Any) -> Any:
+    def _non_blocking(self, method: str, positional: int) -> Callable[[Any], Any]:
+        """A wrapper of Tensor.`method` that adds non_blocking=True to a copy of a pinned loader batch, unless the
+        call gives its own: as a keyword, or positionally after `positional` arguments (`.to(device, dtype,
+        non_blocking)`, `.cuda(device, non_blocking)`)."""
         from_batch, said = self._from_batch, self.said
 
-        def to(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            # .to(device) and .to(device, dtype): a third positional argument is the script's own non_blocking
-            if len(args) <= 2 and "non_blocking" not in kwargs and from_batch(tensor):
-                kwargs["non_blocking"] = True
-                said("non_blocking=True on .to() copies of the loader's pinned batches")
-            return original(tensor, *args, **kwargs)
+        def make(original: Any) -> Any:
+            def copy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+                if len(args) <= positional and "non_blocking" not in kwargs and from_batch(tensor):
+                    kwargs["non_blocking"] = True
+                    said(f"non_blocking=True on .{method}() copies of the loader's pinned batches")
+                return original(tensor, *args, **kwargs)
 
-        return to
+            return copy
 
-    def _non_blocking_cuda(self, original: Any) -> Any:
-        from_batch, said = self._from_batch, self.said
-
-        def cuda(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if len(args) <= 1 and "non_blocking" not in kwargs and from_batch(tensor):
-                kwargs["non_blocking"] = True
-                said("non_blocking=True on .cuda() copies of the loader's pinned batches")
-            return original(tensor, *args, **kwargs)
-
-        return cuda
+        return make
 
 
 def _workers(arguments: dict[str, Any]) -> int:
