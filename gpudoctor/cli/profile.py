@@ -178,7 +178,7 @@ def profile(
         raise typer.Exit(outcome.exit_status)
     _say_each(_stopped_ranks(outcome))
     # With --try-fixes, the report is written first without its summary, so that it is whole whatever the tries do.
-    first = tuple(f for f in formats if f != "text") if try_fixes else formats
+    first = _without_summary(formats) if try_fixes else formats
     if outcome.ranks:
         report = _merge_into(outcome.run_dir, prepared, first)
     elif inner_job.merges_itself():
@@ -286,7 +286,7 @@ def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], pr
 
     outcome = run_job(job, out, rank_options)
     _say_each(outcome.message)
-    first = tuple(f for f in formats if f != "text") if tries is not None else formats
+    first = _without_summary(formats) if tries is not None else formats
     report = _merge_into(outcome.run_dir, prepared, first)
     if tries is not None and report is not None:
         report = tried_into(report, outcome.run_dir, tries, formats)
@@ -314,7 +314,7 @@ def _merge_inner_job(rank_dir: Path, prepared: PreparedRules, formats: tuple[str
     the job's, merged by the last rank of the node to finish."""
     from gpudoctor.launch import inner_job
 
-    own = _diagnose_into(rank_dir, rank_dir, prepared, tuple(f for f in formats if f != "text"))
+    own = _diagnose_into(rank_dir, rank_dir, prepared, _without_summary(formats))
     inner_job.mark_done(rank_dir)
     if not inner_job.take_merge(rank_dir.parent):
         return own
@@ -322,6 +322,11 @@ def _merge_inner_job(rank_dir: Path, prepared: PreparedRules, formats: tuple[str
         return _merge_into(rank_dir.parent, prepared, formats)
     finally:
         inner_job.merged(rank_dir.parent)
+
+
+def _without_summary(formats: tuple[str, ...]) -> tuple[str, ...]:
+    """The formats but the text summary: a report written before another that the terminal shows."""
+    return tuple(f for f in formats if f != "text")
 
 
 def _stopped_ranks(outcome: ProfileOutcome) -> str | None:

@@ -112,12 +112,12 @@ def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callabl
     """The report with `tried` on each finding chosen: its fix measured, or why it was not."""
     try:
         diagnosed = _diagnosed(run_dir, report)
+        problem = _cannot_try(diagnosed, report)
     except GpudoctorError as exc:
-        unread = str(exc)
-        return _with_tried(report, settings, lambda f: Tried(status="not_applicable", reason=unread))
-    problem = _cannot_try(diagnosed, report)
+        problem = str(exc)
     if problem is not None:
-        return _with_tried(report, settings, lambda f: Tried(status="not_applicable", reason=problem))
+        refused = Tried(status="not_applicable", reason=problem)
+        return _with_tried(report, settings, lambda f: refused)
     tries = _Tries(diagnosed, settings, say)
     try:
         return _with_tried(report, settings, tries.one)
