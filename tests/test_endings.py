@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import Gpudoctor, Result, env_with, script
+from conftest import WINDOW, Gpudoctor, Result, env_with, script
 from gpudoctor import bundle
 from gpudoctor.analysis import Run
 from gpudoctor.bundle.events import StepEvent, WindowEvent
@@ -197,6 +199,27 @@ def test_sigterm_to_gpudoctor_still_writes_the_window(gd: Gpudoctor) -> None:
     _assert_reported(result)
 
 
+def test_a_process_that_does_not_exit_after_its_script_is_stopped_with_the_scripts_own_status(gd: Gpudoctor) -> None:
+    result = gd.profile(ENDINGS, "stuck_exit", options=(*WINDOW, "--exit-grace", "2"), timeout=120)
+    assert result.returncode == 0, result
+    assert "endings: stuck_exit finished normally" in result.stdout
+    assert result.first_message == (
+        f"gpudoctor: {ENDINGS} had finished, but its process was still exiting 2 s after its atexit handlers ran, "
+        "so gpudoctor stopped it; the report covers the whole run.")
+    _assert_reported(result)
+    assert result.manifest()["exit"]["ending"] == "completed"
+    assert not (result.run_dir / "exiting").exists()
+
+
+def test_the_scripts_own_work_at_exit_is_waited_for(gd: Gpudoctor) -> None:
+    """Its non-daemon threads and atexit handlers run as long as they take: the grace starts after them."""
+    result = gd.profile(ENDINGS, "slow_exit", options=(*WINDOW, "--exit-grace", "2"))
+    assert result.returncode == 0, result
+    assert result.stdout.splitlines()[-2:] == ["endings: thread done", "endings: atexit done"], result
+    assert not any("still exiting" in message for message in result.messages), result
+    assert result.manifest()["exit"]["ending"] == "completed"
+
+
 def test_max_steps_stops_the_script_cleanly(gd: Gpudoctor) -> None:
     result = gd.profile(ENDINGS, "loop", options=("--max-steps", "3", "--wait-steps", "1", "--warmup-steps", "0",
                                                   "--active-steps", "5"))
@@ -273,3 +296,25 @@ def test_only_a_process_that_may_hold_process_groups_waits_for_their_threads_at_
     assert not session.may_hold_process_groups()
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert session.may_hold_process_groups()
+
+
+def test_gpudoctors_own_work_at_the_end_has_a_deadline() -> None:
+    """Finishing that never returns (a native call stuck) ends the process with the script's status after the
+    deadline, in one sentence, instead of holding it."""
+    stuck = ("import time\nfrom gpudoctor.collect.session import exit_after\n"
+             "exit_after(0.5, 3)\ntime.sleep(60)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", stuck], env=env_with(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done
+    assert time.monotonic() - started < 30
+    assert done.stderr == ("gpudoctor: writing the recording took over 0.5 s, so the process exits without the rest "
+                           "of it; the report has what was written before.\n")
+
+
+def test_the_deadline_is_cancelled_once_finishing_is_done() -> None:
+    from gpudoctor.collect.session import exit_after
+
+    deadline = exit_after(0.05, 3)
+    deadline.cancel()
+    deadline.join(1)
+    assert not deadline.is_alive()

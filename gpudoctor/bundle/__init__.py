@@ -20,6 +20,7 @@ from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent
 from gpudoctor.bundle.jsonio import JsonlWriter, read_jsonl, write_json_atomic
 from gpudoctor.bundle.layout import (
     EVENTS,
+    EXITING,
     FINDINGS,
     MANIFEST,
     PARTIAL_TRACE,
@@ -40,7 +41,7 @@ from gpudoctor.bundle.trace_stream import EventFilter, TraceNotStreamable, Trace
 from gpudoctor.errors import BundleError
 
 __all__ = [
-    "EVENTS", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "RAW_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES",
+    "EVENTS", "EXITING", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "RAW_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES",
     "SCHEMA_VERSION",
     "TRACE", "Bundle", "EventFilter", "JsonlWriter", "Manifest", "TraceNotStreamable", "TraceStream", "load",
     "read_jsonl", "read_manifest", "read_trace", "trace_name", "trace_names", "write_json_atomic",

@@ -21,6 +21,9 @@ PARTIAL_TRACE = "trace.partial.json.gz"  # a window's trace while it is written;
 RAW_TRACE = "trace.partial.json"  # the profiler's own export, before it is compressed into PARTIAL_TRACE
 SAMPLES_DIR = "samples"
 SAMPLE_FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"}
+# Made by the script's process once its atexit handlers have run and only the interpreter's own teardown is left;
+# the launcher reads it to tell a process that does not exit from one still at work. Removed once it has exited.
+EXITING = "exiting"
 FINDINGS = "findings.json"
 REPORT = "report.html"
 RANK_DIR = re.compile(r"^rank-(0|[1-9][0-9]{0,5})$")  # a job's rank K has its bundle in RUN/rank-K/

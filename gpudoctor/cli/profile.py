@@ -12,6 +12,7 @@ from typer.core import TyperOption
 
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
+from gpudoctor.launch.supervisor import EXIT_GRACE_S
 from gpudoctor.paths import find_pyproject
 from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
@@ -115,6 +116,9 @@ def profile(
         metavar="N", help="Stop the script cleanly after N steps.", min=1)] = None,
     timeout: Annotated[float | None, typer.Option(
         metavar="SECONDS", help="Stop the script after this many seconds.", min=0.1)] = None,
+    exit_grace: Annotated[float, typer.Option(
+        metavar="SECONDS", help="How long the script's process may take to exit once its script and atexit "
+                                "handlers are done, before gpudoctor stops it.", min=0.1)] = EXIT_GRACE_S,
     with_stack: Annotated[bool, typer.Option(
         "--with-stack", help="Record operators and Python call stacks in the trace (slows the timed steps).")] = False,
     every: Annotated[str | None, typer.Option(
@@ -158,7 +162,7 @@ def profile(
         window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
                             every_s=_duration_s(every)),
         max_steps=max_steps,
-        timeout_s=timeout, with_stack=with_stack, remedy=_remedy(remedy),
+        timeout_s=timeout, exit_grace_s=exit_grace, with_stack=with_stack, remedy=_remedy(remedy),
     )
     if _rules_beyond_the_builtins(selection):
         # Loaded and checked before the script runs, so that a bad rule file or setting costs no run.

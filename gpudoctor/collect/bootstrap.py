@@ -16,12 +16,19 @@ import signal
 import sys
 import traceback
 import types
+from pathlib import Path
 from types import TracebackType
 
 from gpudoctor.collect import follow
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.recorder import MaxStepsReached
-from gpudoctor.collect.session import Session, exception_details, let_native_threads_settle, stop_helpers
+from gpudoctor.collect.session import (
+    Session,
+    exception_details,
+    let_native_threads_settle,
+    mark_exiting_at_exit,
+    stop_helpers,
+)
 
 _INTERNAL_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
 
@@ -69,6 +76,7 @@ def main(argv: list[str]) -> None:
     config = ChildConfig.from_json(argv[0])
     target_kind, target = argv[1].lstrip("-"), argv[2]
     args = argv[4:]  # argv[3] is the "--" separator
+    mark_exiting_at_exit(Path(config.run_dir))  # first: atexit runs handlers last-registered first
     session = Session(config)
     session.finish_on_sigterm()
     follow.in_root_process()

@@ -296,15 +296,16 @@ class Recorder:
         if self.config.max_steps is not None and self.completed >= self.config.max_steps:
             self._stopping = True
             self.emit(MaxStepsEvent(steps=self.completed))
-            self.close_window()
+            self.close_window(final=True)
             for listener in self._max_steps_listeners:
                 with contextlib.suppress(Exception):  # the script is stopped whatever a listener does
                     listener()
             raise MaxStepsReached()
 
-    def close_window(self) -> None:
+    def close_window(self, final: bool = False) -> None:
+        """Close the window now; `final` when the process is ending (its script returned, raised or was stopped)."""
         was_hooked = self.window.attributing
-        self.window.close()
+        self.window.close(final)
         self.markers.annotate = False
         if was_hooked:
             self._notify_window()
@@ -326,7 +327,7 @@ class Recorder:
             return
         self._end_last_counted_step()
         self._stepless.finish()
-        self.close_window()
+        self.close_window(final=True)
         what, message, where = exception if exception is not None else (None, None, None)
         self.emit(EndEvent(reason=reason, steps=self.completed, pid=os.getpid(), code=code, exception=what,
                            message=message, where=where))

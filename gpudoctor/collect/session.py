@@ -8,13 +8,17 @@ the script.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 
+from gpudoctor.bundle import EXITING
 from gpudoctor.bundle.events import ProcessEvent, RankEvent
 from gpudoctor.bundle.records import Site
 from gpudoctor.collect.config import ChildConfig
@@ -24,6 +28,12 @@ from gpudoctor.collect.recorder import ExceptionDetails, Recorder, set_active
 # How long SIGTERM waits for the window's trace to be written before the process dies anyway; an export with
 # stacks took 17.6 s in docs/performance.md, so this leaves room for one several times larger.
 SIGTERM_FINISH_GRACE_S = 60.0
+# How long gpudoctor's own work at the end of a process (the window's trace, the last events) may take before the
+# process exits without it: the same bound, for the same export.
+FINISH_DEADLINE_S = SIGTERM_FINISH_GRACE_S
+# The status a process exits with when its finishing runs past the deadline: the one its ending gives plainly.
+ENDING_STATUS = {"completed": 0, "max_steps": 0, "exception": 1, "interrupted": 128 + signal.SIGINT,
+                 "terminated": 128 + signal.SIGTERM}
 # After --max-steps, how long the script's helper processes get to end by themselves before they are terminated.
 HELPER_GRACE_S = 2.0
 # How long a torch.distributed program's native threads get to finish with Python objects before shutdown.
@@ -50,11 +60,14 @@ class Session:
         if self._finished:
             return
         self._finished = True
+        deadline = exit_after(FINISH_DEADLINE_S, ENDING_STATUS.get(reason, 1 if code is None else code))
         try:
             self.instrumentation.uninstall()
             self.recorder.finish(reason, code, exception)
         except Exception as exc:  # noqa: BLE001 - gpudoctor must never change how the script ends
             print(f"gpudoctor: could not finish recording: {exc}", file=sys.stderr)
+        finally:
+            deadline.cancel()
 
     @property
     def stopped_by_max_steps(self) -> bool:
@@ -88,6 +101,37 @@ class Session:
 def current() -> Session | None:
     """This process's session: the one it started, or the one a forked child inherited from its parent."""
     return _current
+
+
+def exit_after(seconds: float, status: int) -> threading.Timer:
+    """Unless cancelled first, end the process with `status` in `seconds`, saying why in one sentence.
+
+    The last resort against gpudoctor's own work holding a process that has finished: a native call that never
+    returns (a profiler's stop, a write to a hung file system) cannot be interrupted from Python, only left."""
+
+    def give_up() -> None:
+        message = (f"gpudoctor: writing the recording took over {seconds:g} s, so the process exits without the "
+                   "rest of it; the report has what was written before.\n")
+        with contextlib.suppress(OSError):
+            os.write(2, message.encode())  # not print(): the stuck thread may hold sys.stderr's lock
+        os._exit(status)
+
+    timer = threading.Timer(seconds, give_up)
+    timer.name, timer.daemon = "gpudoctor-finish-deadline", True
+    timer.start()
+    return timer
+
+
+def mark_exiting_at_exit(run_dir: Path) -> None:
+    """Once the process's atexit handlers have run (this one, registered before the script's, runs after them),
+    make RUN/exiting: from then on only the interpreter's and native libraries' teardown is left, and the launcher
+    can tell a process that does not exit from one still at work."""
+
+    def mark() -> None:
+        with contextlib.suppress(OSError):
+            (run_dir / EXITING).write_text(str(os.getpid()), encoding="utf-8")
+
+    atexit.register(mark)
 
 
 def terminate_after(seconds: float) -> None:

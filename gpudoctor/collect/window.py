@@ -16,6 +16,7 @@ from typing import Any, TextIO
 from gpudoctor.bundle import PARTIAL_TRACE, RAW_TRACE, trace_name
 from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
 from gpudoctor.bundle.trace_file import gzip_file, json_size
+from gpudoctor.collect import cupti
 from gpudoctor.collect.config import WindowConfig
 
 # The smallest trace torch.profiler writes (its header and deviceProperties alone) is hundreds of bytes.
@@ -23,6 +24,8 @@ MIN_TRACE_BYTES = 64
 WAITING, WARMUP, ACTIVE, DETAIL, CLOSED, FAILED = "waiting", "warmup", "active", "detail", "closed", "failed"
 OFF_MAIN_THREAD = ("the steps end on threads other than the main one, and torch.profiler is only started on the "
                    "main thread: the window timed the steps and watched the calls without recording GPU activity")
+CUPTI_STILL_ATTACHED = (f"CUPTI was still attached {cupti.DETACH_DEADLINE_S:g} s after the window closed, so the steps "
+                        "after it may have run slower than they do plainly")
 LOG = "gpudoctor.log"  # in the run directory: what torch and Kineto printed during gpudoctor's profiler calls
 # Kineto's log lines ("USDT:2026-11-23 12:02:54 11726:11726 SyncActivityProfilerHandler.cpp:52] profiler_start",
 # "ERROR:... output_json.cpp:...] ...") and c10's ("[W1123 12:02:54.123456 tensor_numpy.cpp:84] ...").
@@ -137,24 +140,6 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def _detach_cupti_after_each_window() -> None:
-    """Have Kineto detach CUPTI (cuptiFinalize) once a window's trace is collected, unless the user chose otherwise.
-
-    Without TEARDOWN_CUPTI=1 Kineto leaves CUPTI attached when the profiler stops, and an attached CUPTI slows
-    every later kernel launch: on an H100, a step of 2,000 launches ran 1.36x slower for the rest of the process
-    after a 7-step window, and 0.82x with the teardown (bench/window_transient.py, docs/performance.md). Kineto
-    reads the variable when it stops. Teardown is only safe with CUDA graphs from CUDA 12.6 on, so older builds
-    keep CUPTI attached.
-    """
-    import torch
-
-    if "TEARDOWN_CUPTI" in os.environ:
-        return
-    version = tuple(int(part) for part in re.findall(r"\d+", torch.version.cuda or "")[:2])
-    if version >= (12, 6):
-        os.environ["TEARDOWN_CUPTI"] = "1"
-
-
 @contextlib.contextmanager
 def _inductor_left_unimported() -> Iterator[None]:
     """Within the block, this thread's `hasattr(torch, "_inductor")` is False unless the script imported inductor.
@@ -217,6 +202,7 @@ class ProfilerWindow:
         self._stale_traces = 0  # traces of windows 0 to this one (excluded) from before a restart, for the next open
         self._opened_at = 0.0  # time.monotonic() when the last window opened
         self._chatter = ProfilerChatter(run_dir / LOG)
+        self._detach = cupti.Detach()
 
     def state_for_step(self, step: int) -> str:
         """Which phase of the window step number `step` (0-based) falls in."""
@@ -278,12 +264,17 @@ class ProfilerWindow:
         self._opens_at = self._first_step = completed + self.config.wait
         self._emit(WindowEvent(state="restarted", first_step=self._opens_at))
 
-    def close(self) -> None:
-        """Stop early (script ended, --max-steps, Ctrl-C): an active window still writes what it recorded."""
+    def close(self, final: bool = False) -> None:
+        """Stop early (script ended, --max-steps, Ctrl-C): an active window still writes what it recorded.
+
+        `final`: the process is ending, so CUPTI is left attached (cupti.py says why), and an earlier window's
+        detaching is seen through first."""
         if self.state in (WAITING, WARMUP, ACTIVE):
             self._emit(WindowEvent(state="ended_early", from_state=self.state, index=max(0, self.index)))
+        if final:
+            self._finish_detaching()
         if self._profiler is not None:
-            self._stop_and_export()
+            self._stop_and_export(final)
         if self.state != FAILED:
             self.state = CLOSED
 
@@ -324,24 +315,38 @@ class ProfilerWindow:
 
         self.cpu_ops = self._with_stack or not self.cuda
         if self.cuda:
-            _detach_cupti_after_each_window()
+            cupti.request_teardown()
         activities = ([ProfilerActivity.CPU] if self.cpu_ops else []) + ([ProfilerActivity.CUDA] if self.cuda else [])
         profiler = profile(activities=activities, record_shapes=self._with_stack, with_stack=self._with_stack)
         with _inductor_left_unimported():
             profiler.start()
         return profiler
 
-    def _stop_and_export(self) -> None:
+    def _stop_and_export(self, final: bool = False) -> None:
         profiler, self._profiler = self._profiler, None
         if profiler is None:
             return
         try:
-            with self._chatter.quiet():
-                profiler.stop()
-        except Exception as exc:  # noqa: BLE001 - the trace is lost, the run is not
-            self._fail(f"torch.profiler failed while stopping: {exc}")
-            return
-        self._export(profiler)
+            try:
+                with self._chatter.quiet(), self._detaching(final):
+                    profiler.stop()
+            except Exception as exc:  # noqa: BLE001 - the trace is lost, the run is not
+                self._fail(f"torch.profiler failed while stopping: {exc}")
+                return
+            self._export(profiler)
+        finally:
+            if not final:  # after the export, which gave Kineto's detaching thread time to arm its callback
+                self._finish_detaching()
+
+    def _detaching(self, final: bool) -> contextlib.AbstractContextManager[None]:
+        """Around the profiler's stop: no CUPTI teardown for the process's last window, else the teardown watched."""
+        if not self.cuda:
+            return contextlib.nullcontext()
+        return cupti.no_teardown() if final else self._detach.watching()
+
+    def _finish_detaching(self) -> None:
+        if self._detach.pending and not self._detach.complete():
+            self._emit(CollectorEvent(name="cupti_detach", ok=False, reason=CUPTI_STILL_ATTACHED))
 
     def _export(self, profiler: Any) -> None:
         started = time.perf_counter()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.bundle import EVENTS, MANIFEST, write_json_atomic
+from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, write_json_atomic
 from gpudoctor.collect import follow
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.stub import child_command
@@ -23,7 +23,7 @@ from gpudoctor.launch.ending import describe_ending
 from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
 from gpudoctor.launch.ranks import torchrun_rank
 from gpudoctor.launch.run_dir import check_script, make_run_dir
-from gpudoctor.launch.supervisor import Supervisor, start
+from gpudoctor.launch.supervisor import EXIT_GRACE_S, Supervisor, start
 from gpudoctor.remedy import Remedy
 
 
@@ -36,6 +36,7 @@ class ProfileRequest:
     window: WindowConfig = field(default_factory=WindowConfig)
     max_steps: int | None = None
     timeout_s: float | None = None
+    exit_grace_s: float = EXIT_GRACE_S  # how long a process that is only exiting may take before it is stopped
     sample_interval_s: float = 0.1
     with_stack: bool = False
     progress: bool = True  # a status line on stderr while the script runs, when stderr is a terminal
@@ -89,9 +90,11 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     samplers.start(child.pid)
     progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
     followed_ranks = (list) if job_dir != run_dir else (lambda: followed.followed_pids(run_dir))
-    supervisor = Supervisor(child, request.timeout_s, followed_ranks)
+    supervisor = Supervisor(child, request.timeout_s, followed_ranks, exiting=(run_dir / EXITING).is_file,
+                            exit_grace_s=request.exit_grace_s)
     try:
         returncode = supervisor.wait(meanwhile)
+        (run_dir / EXITING).unlink(missing_ok=True)
         stopped = followed.end_ranks(run_dir) if job_dir == run_dir else []
     finally:
         if progress is not None:

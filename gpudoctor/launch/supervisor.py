@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 STOP_GRACE_S = 10.0  # after SIGINT, how long the script gets to finish its own cleanup before SIGKILL
+# How long a process whose script and atexit handlers are done may take to exit before it is stopped: CUDA's own
+# teardown takes a second or two; a process that runs past this is held by something that will not let go.
+EXIT_GRACE_S = 30.0
+POLL_S = 0.5  # how often the wait looks whether the process is only exiting
 
 
 def start(command: list[str], env: dict[str, str], output_log: Path | None = None) -> subprocess.Popen:
@@ -31,11 +35,15 @@ class Supervisor:
     """
 
     def __init__(self, child: subprocess.Popen, timeout_s: float | None,
-                 others: Callable[[], list[int]] = list) -> None:
+                 others: Callable[[], list[int]] = list, exiting: Callable[[], bool] | None = None,
+                 exit_grace_s: float = EXIT_GRACE_S) -> None:
         self.child = child
         self.timeout_s = timeout_s
         self.others = others
+        self.exiting = exiting
+        self.exit_grace_s = exit_grace_s
         self.timed_out = False
+        self.stuck_at_exit = False  # its script had finished, and its process did not exit: gpudoctor stopped it
         self.interrupted = 0
 
     def _send(self, sig: int) -> None:
@@ -63,16 +71,38 @@ class Supervisor:
             deadline = time.monotonic() + self.timeout_s if self.timeout_s else None
             if meanwhile is not None:
                 meanwhile()
+            exiting_since: float | None = None
             while True:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    return self.child.wait(timeout=remaining)
+                    return self.child.wait(timeout=remaining if self.exiting is None else _poll(remaining))
                 except subprocess.TimeoutExpired:
-                    self.timed_out = True
-                    return self._stop_child()
+                    if deadline is not None and time.monotonic() >= deadline:
+                        self.timed_out = True
+                        return self._stop_child()
+                exiting_since = self._exiting_since(exiting_since)
+                if exiting_since is not None and time.monotonic() - exiting_since >= self.exit_grace_s:
+                    self.stuck_at_exit = True
+                    return self._end_stuck_child()
         finally:
             signal.signal(signal.SIGINT, previous[0])
             signal.signal(signal.SIGTERM, previous[1])
+
+    def _exiting_since(self, since: float | None) -> float | None:
+        """When the process was first seen only exiting: its atexit handlers run, and no child of its own left
+        (multiprocessing joins those at exit, however long they take, as it does plainly)."""
+        if self.exiting is None or not self.exiting() or _has_children(self.child.pid):
+            return None
+        return time.monotonic() if since is None else since
+
+    def _end_stuck_child(self) -> int:
+        """A process held at exit does not run Python any more: SIGTERM, then SIGKILL."""
+        self._send(signal.SIGTERM)
+        try:
+            return self.child.wait(timeout=3.0)
+        except subprocess.TimeoutExpired:
+            self._send(signal.SIGKILL)
+            return self.child.wait()
 
     def _stop_child(self) -> int:
         """Ask nicely (SIGINT, so the window's trace is written), then insist."""
@@ -84,6 +114,19 @@ class Supervisor:
                 continue
         self._send(signal.SIGKILL)
         return self.child.wait()
+
+
+def _poll(remaining: float | None) -> float:
+    return POLL_S if remaining is None else min(POLL_S, remaining)
+
+
+def _has_children(pid: int) -> bool:
+    import psutil
+
+    try:
+        return any(c.status() != psutil.STATUS_ZOMBIE for c in psutil.Process(pid).children())
+    except psutil.Error:
+        return False
 
 
 def terminal_sent_to_group() -> bool:

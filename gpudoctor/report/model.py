@@ -59,6 +59,7 @@ __all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "finding_cards", "lin
 COLLECTOR_LABELS = {
     "host": "host and process samples", "nvml": "GPU samples (NVML)", "profiler": "profiler trace",
     "nvtx": "NVTX ranges for Nsight Systems", "cuda_trace": "GPU activity in the profiler trace",
+    "cupti_detach": "the pace of the steps after the window",
 }
 SOURCE_CONTEXT = 3  # lines shown either side of a finding's line
 MAX_SOURCE_BYTES = 5_000_000

@@ -1,12 +1,17 @@
 """Ends in the way its first argument names, after a few real training steps.
 
-raise | exit3 | sigkill | hang | loop | nosteps. `loop` trains until stopped. `hang` and `loop` write the file
-named by GD_TEST_READY once they are running, so that a test knows when to interrupt them.
+raise | exit3 | sigkill | hang | loop | nosteps | stuck_exit | slow_exit. `loop` trains until stopped.
+`stuck_exit` finishes, then its process never exits: a native exit handler waits forever once Python has shut
+down. `slow_exit` finishes, then takes its time at exit in a thread of its own and an atexit handler. `hang` and
+`loop` write the file named by GD_TEST_READY once they are running, so that a test knows when to interrupt them.
 """
 
+import atexit
+import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -42,6 +47,12 @@ def main(how: str) -> None:
         fail()
     elif how == "exit3":
         sys.exit(3)
+    elif how == "stuck_exit":
+        libc = ctypes.CDLL(None)  # pause() as a C exit handler: it runs after the interpreter has finalized
+        libc.__cxa_atexit(ctypes.cast(libc.pause, ctypes.c_void_p), None, None)
+    elif how == "slow_exit":
+        threading.Thread(target=lambda: (time.sleep(3), print("endings: thread done", flush=True))).start()
+        atexit.register(lambda: (time.sleep(3), print("endings: atexit done", flush=True)))
     elif how == "sigkill":
         time.sleep(0.5)  # let the parent take a few samples
         os.kill(os.getpid(), signal.SIGKILL)
