@@ -3,6 +3,7 @@ come from the user (--rules, --select, pyproject.toml's [tool.gpudoctor]) are st
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -76,3 +77,57 @@ def test_a_bad_setting_in_pyproject_stops_profile_before_the_script_runs(gd: Gpu
     assert result.returncode == 2, result
     assert "no_such_option" in result.stderr
     assert not (gd.cwd / "ran").exists()
+
+
+# Runs `gpudoctor ARGS` in this process and says, once it has exited, which interpreters gpudoctor started ahead
+# of time and whether each is still running.
+AHEAD = """
+import atexit, os, subprocess, sys
+started = []
+opened = subprocess.Popen.__init__
+
+def start(self, *args, **kwargs):
+    opened(self, *args, **kwargs)
+    if "main_when_told" in " ".join(args[0]):
+        started.append(self)
+
+def report():
+    for process in started:
+        print(f"ahead: pid {process.pid} {'running' if process.poll() is None else 'ended'}", file=sys.stderr)
+
+atexit.register(report)  # registered first, it runs after gpudoctor's own exit handlers
+subprocess.Popen.__init__ = start
+sys.argv = ["gpudoctor", *sys.argv[1:]]
+from gpudoctor.cli import main
+main()
+"""
+# Says what the script's process was given: its environment's additions and where it found gpudoctor's hook.
+ENVIRONMENT = ("import os, sys\nprint('follow:', 'GPUDOCTOR_FOLLOW' in os.environ)\n"
+               "print('hook first:', os.environ['PYTHONPATH'].split(os.pathsep)[0].endswith('hook'))\n"
+               "print('argv:', sys.argv[1:])\n")
+
+
+def _ahead(gd: Gpudoctor, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", AHEAD, *args], cwd=gd.cwd, env=env_with(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def test_the_scripts_interpreter_is_started_while_the_command_line_is_read(gd: Gpudoctor) -> None:
+    (gd.cwd / "job.py").write_text(ENVIRONMENT)
+    done = _ahead(gd, "profile", "--out", "run", "--format", "json", "job.py", "--lr", "3")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["follow: True", "hook first: True", "argv: ['--lr', '3']"]
+    ahead = [line for line in done.stderr.splitlines() if line.startswith("ahead:")]
+    assert len(ahead) == 1 and ahead[0].endswith("ended"), done.stderr
+    pid = int(ahead[0].split()[2])
+    assert json.loads((gd.cwd / "run" / "manifest.json").read_text())["child"]["process"]["pid"] == pid
+
+
+def test_an_interpreter_started_ahead_for_nothing_ends_with_gpudoctor(gd: Gpudoctor) -> None:
+    (gd.cwd / "job.py").write_text(MARKED)
+    done = _ahead(gd, "profile", "--fail-on", "bogus", "job.py", "0")
+    assert done.returncode == 2, done.stderr
+    ahead = [line for line in done.stderr.splitlines() if line.startswith("ahead:")]
+    assert len(ahead) == 1 and ahead[0].endswith("ended"), done.stderr
+    assert not (gd.cwd / "ran").exists()
+    assert "Traceback" not in done.stderr

@@ -45,6 +45,10 @@ def _root(version: Annotated[bool, typer.Option(
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["profile"]:
+        from gpudoctor.launch import prestart
+
+        prestart.begin(sys.argv[2:])  # the script's interpreter starts while the command line is read
     register_commands(sys.argv[1:])
     try:
         # Outside standalone mode click returns a typer.Exit's code instead of exiting with it.

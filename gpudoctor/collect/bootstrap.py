@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import importlib.machinery
 import io
+import json
 import os
 import runpy
 import signal
@@ -105,6 +106,26 @@ def main(argv: list[str]) -> None:
     else:
         session.finish("completed")
         let_native_threads_settle()
+
+
+def main_when_told(fd: int) -> None:
+    """Started ahead of time (gpudoctor.launch.prestart): wait for what to run, then run it as main() does.
+
+    The message is JSON: the arguments main() takes, and the environment the script's process is to have (what
+    changed from the one this process was started with). Nothing comes when gpudoctor runs no script after all:
+    then this process ends at once, quietly."""
+    try:
+        with os.fdopen(fd, "rb") as told:
+            message = told.read()
+    except KeyboardInterrupt:  # Ctrl-C while gpudoctor read its command line: nothing ran here
+        os._exit(130)
+    if not message:
+        os._exit(0)
+    order = json.loads(message)
+    for name in order["unset"]:
+        os.environ.pop(name, None)
+    os.environ.update(order["env"])
+    main(order["argv"])
 
 
 def _exit_code(code: object) -> int:

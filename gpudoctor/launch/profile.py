@@ -17,8 +17,8 @@ from pathlib import Path
 from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, write_json_atomic
 from gpudoctor.collect import follow
 from gpudoctor.collect.config import ChildConfig, WindowConfig
-from gpudoctor.collect.stub import child_command
-from gpudoctor.launch import followed
+from gpudoctor.collect.stub import child_arguments, child_command
+from gpudoctor.launch import followed, prestart
 from gpudoctor.launch.ending import describe_ending
 from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
 from gpudoctor.launch.ranks import torchrun_rank
@@ -73,7 +73,10 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     job_dir = run_dir.parent if torchrun_rank() is not None else run_dir
     env = follow.environment(dict(os.environ), follow.FollowConfig(str(job_dir), config, os.getpid()))
     started = time.time()
-    child = start(child_command(config, request.script, request.module, request.args), env, request.output_log)
+    arguments = child_arguments(config, request.script, request.module, request.args)
+    child = prestart.take(arguments, env) if request.output_log is None else None
+    if child is None:
+        child = start(child_command(arguments), env, request.output_log)
     # Set up while the script's interpreter starts: the samplers' imports, NVML's start and the GPUs'
     # description do not delay it.
     try:
