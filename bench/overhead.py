@@ -1,6 +1,7 @@
 """Overhead of `gpudoctor profile`: the same GPU jobs plain, profiled, and under an always-on profiler, side by side.
 
-    PYTHONPATH=$PWD python3 bench/overhead.py [--workloads resnet,transformer] [--seconds 60] [--pairs 2]
+    PYTHONPATH=$PWD python3 bench/overhead.py [--workloads resnet,transformer,resnet18] [--seconds 60 | --steps N]
+                                              [--pairs 2]
                                               [--modes plain,gpudoctor,always-on] [--batch-size N] [--small]
                                               [--run-timeout S]
 
@@ -35,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-WORKLOADS = {"resnet": BENCH / "workload_resnet.py", "transformer": BENCH / "workload_transformer.py"}
+WORKLOADS = {"resnet": BENCH / "workload_resnet.py", "transformer": BENCH / "workload_transformer.py",
+             "resnet18": BENCH / "workload_resnet18.py"}
 MODES = ("plain", "gpudoctor", "always-on")
 WALL_TARGET = 1.02
 THROUGHPUT_TARGET = 1.01
@@ -478,13 +480,17 @@ def print_trace_sizes(results: WorkloadRuns) -> None:
 
 def benchmark_workload(python: str, workload: str, args: argparse.Namespace, scratch: Path) -> Verdict:
     script, options = WORKLOADS[workload], job_options(args)
-    try:
-        rate, steps = calibrate_steps(python, script, options, args.seconds, args.run_timeout)
-    except RunFailed as failure:
-        print(f"\n{workload}: calibration failed: {failure}", flush=True)
-        return Verdict(workload, None, None)
-    print(f"\n{workload}: calibrated {rate:.1f} steps/s plain, {steps} steps per run "
-          f"({' '.join(options) or 'default batch size'})", flush=True)
+    if args.steps:
+        steps = args.steps
+        print(f"\n{workload}: {steps} steps per run ({' '.join(options) or 'default batch size'})", flush=True)
+    else:
+        try:
+            rate, steps = calibrate_steps(python, script, options, args.seconds, args.run_timeout)
+        except RunFailed as failure:
+            print(f"\n{workload}: calibration failed: {failure}", flush=True)
+            return Verdict(workload, None, None)
+        print(f"\n{workload}: calibrated {rate:.1f} steps/s plain, {steps} steps per run "
+              f"({' '.join(options) or 'default batch size'})", flush=True)
     job = [str(script), "--steps", str(steps), *options]
     results = WorkloadRuns(workload)
     watch = ClockWatch()
@@ -529,6 +535,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workloads", type=parse_workloads, default=list(WORKLOADS),
                         help="comma-separated, from: " + ", ".join(WORKLOADS))
     parser.add_argument("--seconds", type=float, default=60.0, help="about how long one plain run takes")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per run, instead of a count calibrated to take --seconds")
     parser.add_argument("--pairs", type=int, default=2, help="rounds of all the modes, alternating their order")
     parser.add_argument("--modes", type=parse_modes, default=MODES,
                         help="comma-separated, from: " + ", ".join(MODES) + " (plain is always run)")
