@@ -117,7 +117,7 @@ def test_a_pyproject_inside_a_run_directory_loads_no_rules(gd: Gpudoctor) -> Non
     marker = gd.cwd / "imported"
     (run / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     (run / "pyproject.toml").write_text('[tool.gpudoctor]\nrules = ["evil.py"]\n')
-    for args in (("analyze", "."), ("diff", ".", ".")):
+    for args in (("analyze", "."), ("diff", ".", "."), ("try", "--yes", ".")):
         result = Gpudoctor(run).run(*args)
         assert result.returncode == 2, result
         assert result.first_message == (f"gpudoctor: {run / 'pyproject.toml'} lies inside the run directory ., which "
