@@ -144,3 +144,16 @@ def test_the_kept_outputs_are_never_written_through_a_link(tmp_path: Path, elsew
     (cwd / "ckpt").symlink_to(elsewhere, target_is_directory=True)  # what a try did
     kept.after_try(before, tmp_path / "run" / "tries" / "GD101" / "outputs")
     assert sorted(p.name for p in elsewhere.iterdir()) == ["precious.txt"]
+
+
+def test_the_report_shows_source_lines_of_python_files_only(tmp_path: Path) -> None:
+    """A received bundle's finding that points at a file of the reader's that is not Python shows no lines of it."""
+    from gpudoctor.report.model import source_snippet
+
+    secret = tmp_path / ".netrc"
+    secret.write_text("machine example.com login me password hunter2\n")
+    assert source_snippet({"file": str(secret), "line": 1, "function": "main"}) is None
+    assert source_snippet({"file": ".netrc", "line": 1, "function": "main"}, run_cwd=str(tmp_path)) is None
+    source = tmp_path / "train.py"
+    source.write_text("x = 1\n")
+    assert source_snippet({"file": str(source), "line": 1, "function": "main"}) is not None
