@@ -183,3 +183,11 @@ def test_the_secret_is_the_users_alone(tmp_path: Path, monkeypatch: pytest.Monke
     assert command_record.check_record(tmp_path, command).status == "elsewhere"
     command_record.write_record(tmp_path, command)
     assert not (tmp_path / command_record.RECORD).exists()
+    older = tmp_path / "older"
+    older.mkdir()
+    secret.unlink()
+    command_record.write_record(older, command)  # with a new secret
+    secret.unlink()  # the state directory emptied since: the runs recorded before were made elsewhere, not changed
+    command_record.write_record(tmp_path, command)
+    assert command_record.check_record(older, command).status == "elsewhere"
+    assert command_record.check_record(tmp_path, command).status == "recorded"

@@ -7,9 +7,9 @@ directory: this user's id, this host's name, the interpreter, and an HMAC-SHA256
 script or module, its arguments and working directory; for a torchrun job its torchrun.json), keyed with a secret
 of this user's that never leaves their state directory ($XDG_STATE_HOME/gpudoctor/secret, else
 ~/.local/state/gpudoctor/secret; mode 0600, made on first use). Only this user on this host can write a record that
-checks. A record that says it was made here, by this user, and does not check means that the command was changed
-since; a directory without a record, or with another user's or host's, was made elsewhere (or before gpudoctor kept
-records).
+checks. A record that says it was made here, by this user, with their secret, and does not check means that the
+command was changed since; a directory without a record, or with another user's, host's or secret's, was made
+elsewhere (or before gpudoctor kept records, or before the user's state directory was emptied).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class _Record(msgspec.Struct, frozen=True):
     user: int
     host: str
     interpreter: str
+    key: str  # which secret of the user's the digest is keyed with (_key_id): one made since is another
     digest: str
 
 
@@ -79,7 +80,7 @@ def write_record(run_dir: Path, command: dict[str, object]) -> None:
             return
         user, host = os.getuid(), socket.gethostname()
         digest = _digest(secret, user, host, sys.executable, command)
-        write_json_atomic(run_dir / RECORD, _Record(VERSION, user, host, sys.executable, digest))
+        write_json_atomic(run_dir / RECORD, _Record(VERSION, user, host, sys.executable, _key_id(secret), digest))
     except (OSError, RuntimeError):  # RuntimeError: no home directory to be found
         with contextlib.suppress(OSError):
             (run_dir / RECORD).unlink(missing_ok=True)
@@ -98,8 +99,8 @@ def check_record(run_dir: Path, command: dict[str, object]) -> Provenance:
         secret = _secret(create=False)
     except (OSError, RuntimeError):
         secret = None
-    if secret is None:
-        return Provenance("elsewhere", "your gpudoctor secret, which its record is checked with, is gone",
+    if secret is None or not hmac.compare_digest(_key_id(secret), record.key):
+        return Provenance("elsewhere", "it was recorded with a secret of yours that this host no longer keeps",
                           record.interpreter)
     if hmac.compare_digest(_digest(secret, user, host, record.interpreter, command), record.digest):
         return Provenance("recorded", "recorded by you on this host when gpudoctor ran it", record.interpreter)
@@ -111,6 +112,11 @@ def _digest(secret: bytes, user: int, host: str, interpreter: str, command: dict
     signed = {"version": VERSION, "user": user, "host": host, "interpreter": interpreter, "command": command}
     message = json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def _key_id(secret: bytes) -> str:
+    """A name for the secret that says nothing of it."""
+    return hmac.new(secret, b"gpudoctor key id", hashlib.sha256).hexdigest()[:16]
 
 
 def _read_record(run_dir: Path) -> _Record | None:
