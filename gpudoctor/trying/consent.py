@@ -134,9 +134,9 @@ def _rules_code(rank_options: list[str], cwd: Path) -> Iterator[tuple[str, Path]
     """The rule files a torchrun job's ranks load (--rules PATH, --rules=PATH)."""
     for i, option in enumerate(rank_options):
         if option == "--rules" and i + 1 < len(rank_options):
-            yield "the rules", cwd / rank_options[i + 1]
+            yield "the rule file", cwd / rank_options[i + 1]
         elif option.startswith("--rules="):
-            yield "the rules", cwd / option.split("=", 1)[1]
+            yield "the rule file", cwd / option.split("=", 1)[1]
 
 
 # -- showing, refusing, asking -------------------------------------------------------------------------------------
