@@ -8,6 +8,9 @@ from pathlib import Path
 
 from gpudoctor.analysis import Run
 from gpudoctor.bundle import FINDINGS, MANIFEST, REPORT
+from gpudoctor.bundle.confined import inside
+from gpudoctor.bundle.jsonio import write_replacing
+from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.engine import (
     ProjectConfig,
     Rule,
@@ -19,7 +22,7 @@ from gpudoctor.engine import (
     select_rules,
 )
 from gpudoctor.engine.isolation import DEFAULT_RULE_TIMEOUT_S, RuleLimits
-from gpudoctor.errors import BundleError, OutputNotWritableError
+from gpudoctor.errors import BundleError, OutputNotWritableError, RuleLoadError
 from gpudoctor.report import build_report
 from gpudoctor.report.document import Report
 from gpudoctor.report.model import link_outputs
@@ -64,6 +67,21 @@ def load_project_rules(paths: Iterable[str] = (), project_dir: Path | None = Non
     return ProjectRules(project, loaded, resolve_options(loaded, (str(project.source), project.options)))
 
 
+def refuse_project_inside(paths: Iterable[Path], project_dir: Path | None = None) -> None:
+    """Raise RuleLoadError when the project's pyproject.toml, found from the current directory, lies inside one of
+    the run directories `paths` (or those of their findings.json) and sets [tool.gpudoctor]: a run directory is
+    data, often someone else's, and the rules such a file names would be imported from it."""
+    project = load_project_config(project_dir)
+    if project.source is None or project == ProjectConfig(source=project.source):
+        return
+    for path in paths:
+        run_dir = path if path.is_dir() else path.parent
+        if ((run_dir / MANIFEST).is_file() or rank_dirs(run_dir)) and inside(run_dir, project.source):
+            raise RuleLoadError(f"{project.source} lies inside the run directory {run_dir}, which gpudoctor reads "
+                                "as data: its [tool.gpudoctor] settings and rules are not loaded from there; run "
+                                "gpudoctor from your project's directory instead.")
+
+
 def prepare_rules(selection: RuleSelection, project_dir: Path | None = None) -> PreparedRules:
     """Load, check and select the rules before anything runs, so a bad rule file fails fast."""
     project = load_project_rules(selection.paths, project_dir)
@@ -80,8 +98,9 @@ PROFILER_TRACE_GLOBS = tuple(f"{where}*.pt.trace.{ext}" for where in ("", "*/", 
 
 
 def profiler_traces(directory: Path) -> list[Path]:
-    """The profiler traces of a TensorBoard profiler directory, oldest first."""
-    found = {path for pattern in PROFILER_TRACE_GLOBS for path in directory.glob(pattern) if path.is_file()}
+    """The profiler traces of a TensorBoard profiler directory, oldest first (none that leads out of it by a link)."""
+    found = {path for pattern in PROFILER_TRACE_GLOBS for path in directory.glob(pattern)
+             if path.is_file() and inside(directory, path)}
     return sorted(found, key=lambda path: (path.stat().st_mtime, path.name))
 
 
@@ -119,10 +138,10 @@ def write_outputs(report: Report, out_dir: Path, formats: Iterable[str] = ("json
         written = {}
         if "json" in formats:
             written["json"] = out_dir / FINDINGS
-            written["json"].write_text(to_json(report), encoding="utf-8")
+            write_replacing(written["json"], to_json(report).encode("utf-8"))
         if "html" in formats:
             written["html"] = out_dir / REPORT
-            written["html"].write_text(to_html(link_outputs(report, out_dir)), encoding="utf-8")
+            write_replacing(written["html"], to_html(link_outputs(report, out_dir)).encode("utf-8"))
         return written
     except OSError as exc:
         raise OutputNotWritableError(f"cannot write the report to {out_dir} ({exc.strerror}).") from None

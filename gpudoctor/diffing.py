@@ -15,9 +15,17 @@ from typing import IO, Annotated
 import msgspec
 
 from gpudoctor.bundle import FINDINGS, SCHEMA_VERSION
+from gpudoctor.bundle.confined import bundle_file
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.jsonio import decode_error
-from gpudoctor.diagnose import RuleSelection, diagnose, load_project_rules, open_run, prepare_rules
+from gpudoctor.diagnose import (
+    RuleSelection,
+    diagnose,
+    load_project_rules,
+    open_run,
+    prepare_rules,
+    refuse_project_inside,
+)
 from gpudoctor.errors import BundleError, InputNotFoundError, OutputNotWritableError
 from gpudoctor.job import is_job_dir
 from gpudoctor.job.merge import diagnose_job
@@ -77,9 +85,10 @@ def _read_findings(path: Path) -> _FindingsFile:
 
 
 def _analysed(run_dir: Path, rule_paths: Sequence[str], progress: IO[str] | None) -> _FindingsFile:
-    """A bundle without findings.json, analysed now as `gpudoctor analyze` would, its findings read back typed."""
+    """A bundle without findings.json, analysed now as `gpudoctor analyze` would, its findings read back typed
+    (nothing is written into it, not even its ranks' reports)."""
     if is_job_dir(run_dir):  # a torchrun job's run directory: its ranks, merged
-        report = diagnose_job([run_dir], prepare_rules(RuleSelection(paths=tuple(rule_paths))))
+        report = diagnose_job([run_dir], prepare_rules(RuleSelection(paths=tuple(rule_paths))), write_ranks=False)
         return msgspec.convert(findings_document(report), _FindingsFile)
     run = open_run(run_dir)
     run.trace_progress = TraceProgress.on_terminal(progress) if progress is not None else None
@@ -88,9 +97,12 @@ def _analysed(run_dir: Path, rule_paths: Sequence[str], progress: IO[str] | None
 
 
 def _read(path: Path, rule_paths: Sequence[str], progress: IO[str] | None) -> tuple[_FindingsFile, Source]:
-    if path.is_dir() and not (path / FINDINGS).is_file():
+    if not path.is_dir():
+        return _read_findings(path), "findings.json"
+    findings = bundle_file(path, FINDINGS)  # never a link out of the run directory
+    if findings is None:
         return _analysed(path, rule_paths, progress), "analysed"
-    return _read_findings(path / FINDINGS if path.is_dir() else path), "findings.json"
+    return _read_findings(findings), "findings.json"
 
 
 def read_run(path: Path, rule_paths: Sequence[str] = (), progress: IO[str] | None = None) -> RunFindings:
@@ -109,6 +121,7 @@ def compare_runs(before: Path, after: Path, rule_paths: Sequence[str] = (), prog
     for path in (before, after):
         if not path.exists():
             raise InputNotFoundError(f"{path} does not exist.")
+    refuse_project_inside((before, after))
     canonical = canonical_codes(load_project_rules(rule_paths).rules)
     return compare(read_run(before, rule_paths, progress), read_run(after, rule_paths, progress), canonical)
 

@@ -15,6 +15,7 @@ EXIT_BAD_BUNDLE = 65  # sysexits EX_DATAERR: a bundle or trace that cannot be re
 EXIT_NO_INPUT = 66  # sysexits EX_NOINPUT: analyze was given a path that does not exist
 EXIT_INTERNAL = 70  # sysexits EX_SOFTWARE: a bug in gpudoctor
 EXIT_CANT_CREATE = 73  # sysexits EX_CANTCREAT: the output directory cannot be written
+EXIT_NOT_CONFIRMED = 77  # sysexits EX_NOPERM: `gpudoctor try` ran nothing: not confirmed, or refused
 EXIT_TIMEOUT = 124  # as timeout(1): the script ran past --timeout and was stopped
 
 
@@ -49,6 +50,18 @@ class BundleError(GpudoctorError):
 class TraceNotJsonError(BundleError):
     """A profiler trace that is not JSON, even repaired (cut short, not gzip, written badly): a run bundle's
     report is made without it, from its events and samples; a trace analysed alone cannot be."""
+
+
+class TryNotConfirmedError(GpudoctorError):
+    """`gpudoctor try` ran nothing: its user did not confirm the command (no terminal and no --yes, an answer other
+    than yes, or --yes for a run directory made elsewhere)."""
+
+    exit_status = EXIT_NOT_CONFIRMED
+
+
+class TryRefusedError(TryNotConfirmedError):
+    """`gpudoctor try` refuses a run directory's command whatever the user says: its code lies inside the run
+    directory, or its command was changed since gpudoctor recorded it."""
 
 
 class RuleLoadError(GpudoctorError):

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -134,6 +135,16 @@ class Gpudoctor:
             self.command(*args), cwd=self.cwd, env=env or env_with(), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """gpudoctor's state (the secret its command records are keyed with, gpudoctor.launch.command_record) in a folder
+    of the tests' own, for gpudoctor in this process and in those the tests start, never the user's."""
+    state = tmp_path_factory.mktemp("state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(state))
+        yield state
 
 
 @pytest.fixture

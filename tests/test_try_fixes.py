@@ -79,7 +79,7 @@ def test_a_fix_that_breaks_the_script_is_failed_and_the_report_is_whole(gd: Gpud
 def test_try_measures_a_recorded_runs_fixes_later(gd: Gpudoctor) -> None:
     recorded = gd.profile(STARVED, "--steps", "40")
     assert "tried" not in _finding(recorded, "GD101")
-    later = gd.run("try", "run", "--finding", "GD1", "--try-steps", "30")
+    later = gd.run("try", "--yes", "run", "--finding", "GD1", "--try-steps", "30")
     assert later.returncode == 0, later
     findings = checked_findings(recorded.run_dir / "findings.json")["findings"]
     assert [f["tried"]["status"] for f in findings if f["code"] == "GD101"] == ["measured"]
@@ -158,6 +158,6 @@ def test_a_torchrun_job_is_tried_as_a_whole_and_again_later(gd: Gpudoctor) -> No
     torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script("starved_ranks.py"))
     profiled = gd.run("profile", "--out", "run", "--try-fixes", *torchrun, timeout=300)
     _tried_as_a_whole(profiled)
-    later = gd.run("try", "run", "--finding", "GD101", timeout=300)
+    later = gd.run("try", "--yes", "run", "--finding", "GD101", timeout=300)
     assert later.returncode == 0, later
     _tried_as_a_whole(profiled)  # findings.json written again, by `gpudoctor try`

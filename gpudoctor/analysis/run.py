@@ -45,6 +45,7 @@ from gpudoctor.analysis.views import (
     ThreadInfo,
     WindowInfo,
 )
+from gpudoctor.bundle.confined import bundle_file
 from gpudoctor.bundle.events import AnyEvent, StepEvent, StepLessGilEvent, StepSourceEvent, WindowEvent
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
@@ -131,8 +132,8 @@ class Run:
             return self
         if not any(w.index == index for w in self.windows):
             raise ValueError(f"this run has no profiling window {index}")
-        trace = self.path / bundle_io.trace_name(index) if self.path is not None else None
-        run = Run(self.manifest, [], trace if trace is not None and trace.is_file() else None,
+        trace = bundle_file(self.path, bundle_io.trace_name(index)) if self.path is not None else None
+        run = Run(self.manifest, [], trace,
                   self._host_samples, self._proc_samples, self._gpu_samples, path=self.path, window=index)
         run._whole = self._whole  # the run's events, split by window once for every window
         run.trace_progress = self.trace_progress

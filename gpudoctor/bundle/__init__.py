@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import msgspec
 
+from gpudoctor.bundle.confined import bundle_file, listed_file
 from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent
 from gpudoctor.bundle.jsonio import JsonlWriter, read_jsonl, write_json_atomic
 from gpudoctor.bundle.layout import (
@@ -30,7 +31,6 @@ from gpudoctor.bundle.layout import (
     SAMPLES_DIR,
     SCHEMA_VERSION,
     TRACE,
-    sample_file,
     trace_name,
     trace_names,
 )
@@ -52,7 +52,8 @@ _Row = TypeVar("_Row")
 
 @dataclass(frozen=True)
 class Bundle:
-    """A run bundle on disk, its manifest checked. Parsing into views is gpudoctor.analysis's job."""
+    """A run bundle on disk, its manifest checked. Parsing into views is gpudoctor.analysis's job. Its files are read
+    only inside its directory (gpudoctor.bundle.confined)."""
 
     path: Path
     manifest: Manifest
@@ -62,12 +63,11 @@ class Bundle:
         return self.window_trace_path(0)
 
     def window_trace_path(self, window: int) -> Path | None:
-        path = self.path / trace_name(window)
-        return path if path.is_file() else None
+        return bundle_file(self.path, trace_name(window))
 
     def events(self) -> Iterator[AnyEvent]:
-        path = self.path / EVENTS
-        return read_jsonl(path, EVENT_DECODER) if path.is_file() else iter(())
+        path = bundle_file(self.path, EVENTS)
+        return read_jsonl(path, EVENT_DECODER) if path is not None else iter(())
 
     def host_samples(self) -> list[HostRow]:
         return self._rows("host", HOST_ROWS)
@@ -79,8 +79,8 @@ class Bundle:
         return self._rows("gpu", GPU_ROWS)
 
     def _rows(self, kind: str, decoder: msgspec.json.Decoder[_Row]) -> list[_Row]:
-        path = sample_file(self.path, kind)
-        return list(read_jsonl(path, decoder)) if path.is_file() else []
+        path = bundle_file(self.path, Path(SAMPLES_DIR, SAMPLE_FILES[kind]))
+        return list(read_jsonl(path, decoder)) if path is not None else []
 
 
 def load(run_dir: Path) -> Bundle:
@@ -90,6 +90,6 @@ def load(run_dir: Path) -> Bundle:
         raise BundleError(f"{run_dir} is not a directory.")
     manifest = read_manifest(run_dir)
     for name in manifest.files:
-        if not (run_dir / name).exists():
+        if not listed_file(run_dir, name).exists():
             raise BundleError(f"{run_dir} is incomplete: {name} is listed in the manifest but missing.")
     return Bundle(run_dir, manifest)

@@ -98,9 +98,24 @@ def read_json(path: Path, decoder: msgspec.json.Decoder[T]) -> T:
 
 def write_json_atomic(path: Path, record: object) -> None:
     """Write JSON so that a reader never sees half a file: write beside it, then rename over it."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(encode_pretty(record) + b"\n")
-    os.replace(tmp, path)
+    write_replacing(path, encode_pretty(record) + b"\n")
+
+
+def write_replacing(path: Path, data: bytes) -> None:
+    """Write `path` whole, replacing what is there: written beside it under a name of its own, then renamed over
+    it. A reader never sees half a file, and a link at `path` (or at the name beside it) is replaced, never written
+    through: a run directory received from someone else may hold a findings.json that is a link to another file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    # O_EXCL: a new file, never one that is there (a link included); the mode as the umask has it, as write_bytes'
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class JsonlWriter:

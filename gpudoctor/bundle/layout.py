@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gpudoctor.bundle.confined import inside
+
 SCHEMA_VERSION = 1
 
 MANIFEST = "manifest.json"
@@ -36,10 +38,10 @@ def trace_name(window: int) -> str:
 
 def trace_names(run_dir: Path) -> list[str]:
     """The window traces in a run directory, in window order (trace.partial.json.gz, being written, is not one)."""
-    windows = [0] if (run_dir / TRACE).is_file() else []
+    windows = [0] if (run_dir / TRACE).is_file() and inside(run_dir, run_dir / TRACE) else []
     for path in run_dir.glob("trace.*.json.gz"):
         number = path.name[len("trace."):-len(".json.gz")]
-        if number.isdigit():
+        if number.isdigit() and inside(run_dir, path):
             windows.append(int(number))
     return [trace_name(w) for w in sorted(windows)]
 
@@ -51,10 +53,18 @@ def sample_file(run_dir: Path, kind: str) -> Path:
 
 def rank_dirs(directory: Path, with_manifest: bool = True) -> dict[int, Path]:
     """The rank bundles directly in `directory` (rank -> its bundle), by rank; `with_manifest=False` also gives
-    the rank directories of a run that wrote no manifest (yet)."""
+    the rank directories of a run that wrote no manifest (yet). A rank-K/ that is a link out of `directory` is not one
+    of its bundles (`ranks_linked_out` names them)."""
     found = {}
     for child in directory.iterdir() if directory.is_dir() else ():
         match = RANK_DIR.match(child.name)
-        if match and child.is_dir() and (not with_manifest or (child / MANIFEST).is_file()):
+        if (match and child.is_dir() and inside(directory, child)
+                and (not with_manifest or (child / MANIFEST).is_file())):
             found[int(match.group(1))] = child
     return dict(sorted(found.items()))
+
+
+def ranks_linked_out(directory: Path) -> list[Path]:
+    """The rank-K/ entries of `directory` that are links to somewhere outside it: never read as its ranks."""
+    entries = directory.iterdir() if directory.is_dir() else ()
+    return sorted(child for child in entries if RANK_DIR.match(child.name) and not inside(directory, child))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 
+from gpudoctor.bundle.confined import bundle_file
 from gpudoctor.bundle.events import ProcessFacts, TorchFacts, WindowFacts
 from gpudoctor.bundle.jsonio import decode_error
 from gpudoctor.bundle.layout import MANIFEST, SCHEMA_VERSION
@@ -130,8 +131,8 @@ _MANIFEST_DECODER = msgspec.json.Decoder(Manifest)
 
 
 def read_manifest(run_dir: Path) -> Manifest:
-    path = run_dir / MANIFEST
-    if not path.is_file():
+    path = bundle_file(run_dir, MANIFEST)
+    if path is None:
         raise BundleError(f"{run_dir} is not a gpudoctor run directory: it has no {MANIFEST}.")
     raw = path.read_bytes()
     _check_version(path, raw)

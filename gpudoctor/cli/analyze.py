@@ -46,7 +46,7 @@ def analyze(
     output_formats: FormatOption = None,
 ) -> None:
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
-    from gpudoctor.diagnose import analysis_input, diagnose, open_run, prepare_rules
+    from gpudoctor.diagnose import analysis_input, diagnose, open_run, prepare_rules, refuse_project_inside
     from gpudoctor.job import is_job_dir
     from gpudoctor.job.merge import diagnose_job
     from gpudoctor.ui.trace_progress import TraceProgress
@@ -56,6 +56,7 @@ def analyze(
     for path in paths:
         if not path.exists():
             raise InputNotFoundError(f"{path} does not exist.")
+    refuse_project_inside(paths)
     prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
     if len(paths) > 1 or is_job_dir(paths[0]):  # a torchrun job: its ranks, merged
         job_report = diagnose_job(paths, prepared, out or paths[0])

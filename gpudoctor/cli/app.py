@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it 
     from gpudoctor.diagnose import PreparedRules, RuleSelection
     from gpudoctor.report.document import Report
     from gpudoctor.trying.settings import TrySettings
+    from gpudoctor.trying.tries import Diagnosed
 
 
 class _Group(TyperGroup):
@@ -192,11 +193,13 @@ def _trace_left_out(report: Report) -> str | None:
     return None if row is None else f"{row['reason']}."
 
 
-def tried_into(report: Report, run_dir: Path, settings: TrySettings, formats: tuple[str, ...]) -> Report:
-    """The report with its fixes tried, written into the run directory: each try is said as it starts."""
+def tried_into(report: Report, run_dir: Path, settings: TrySettings, formats: tuple[str, ...],
+               diagnosed: Diagnosed | None = None) -> Report:
+    """The report with its fixes tried, written into the run directory: each try is said as it starts. `diagnosed`:
+    the run as its user confirmed it (`gpudoctor try`)."""
     from gpudoctor.trying.tries import try_fixes
 
-    tried = try_fixes(report, run_dir, settings, _say)
+    tried = try_fixes(report, run_dir, settings, _say, diagnosed)
     _write(tried, run_dir, formats)
     return tried
 

@@ -17,6 +17,7 @@ import msgspec
 
 from gpudoctor.analysis import Run
 from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.bundle.layout import ranks_linked_out
 from gpudoctor.diagnose import PreparedRules, write_outputs
 from gpudoctor.engine import EngineResult, diagnose_windows
 from gpudoctor.engine.runner import evaluate_rules, rank, sized
@@ -36,17 +37,19 @@ class RankDiagnosis:
     report: Report  # the rank's own report, before the job's wait is said in it
 
 
-def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path | None = None) -> Report:
+def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path | None = None,
+                 write_ranks: bool = True) -> Report:
     """The merged report of the rank bundles in `paths` (one run directory per node), to be written into
-    `out_dir` (default: the first path). Each rank's own findings.json and report.html are written again, a rank
-    that waits for another saying so first.
+    `out_dir` (default: the first path). Each rank's own findings.json and report.html are written again (unless
+    `write_ranks` is False), a rank that waits for another saying so first. A rank-K/ that is a link out of its
+    run directory is not read: the report says so.
 
     Raises BundleError when no rank bundle can be read at all.
     """
     bundles = job_bundles(paths)
     out_dir = out_dir or paths[0]
     diagnosed: list[RankDiagnosis] = []
-    unreadable: list[NotMeasuredRow] = []
+    unreadable = [_linked_out(link, path) for path in paths for link in ranks_linked_out(path)]
     for number, bundle in bundles.items():
         try:
             diagnosed.append(_diagnose_rank(number, bundle, prepared))
@@ -60,9 +63,14 @@ def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path |
     docs = {r.code: r.doc for r in prepared.rules}
     merged = merged_findings(job, result, [d.result for d in diagnosed])
     reports = {d.rank.rank: with_wait(d.report, job, result.findings, d.rank.rank) for d in diagnosed}
-    for d in diagnosed:
+    for d in diagnosed if write_ranks else ():
         write_outputs(reports[d.rank.rank], Path(d.rank.figures.bundle))
     return build_job_report(job, reports, merged, docs, out_dir, unreadable)
+
+
+def _linked_out(link: Path, run_dir: Path) -> NotMeasuredRow:
+    return {"what": link.name.replace("-", " "),
+            "reason": f"it is a link to {os.path.realpath(link)}, outside the run directory {run_dir}: not read"}
 
 
 def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDiagnosis:

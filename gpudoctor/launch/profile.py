@@ -80,8 +80,14 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     # Set up while the script's interpreter starts: the samplers' imports, NVML's start and the GPUs'
     # description do not delay it.
     try:
+        from gpudoctor.launch.command_record import script_command, write_record
         from gpudoctor.launch.samplers import Samplers
         from gpudoctor.ui.status_line import Progress
+
+        # What `gpudoctor try` may run again, recorded as this user on this host (gpudoctor.launch.command_record);
+        # a torchrun rank's is its job's, recorded with torchrun's command
+        if job_dir == run_dir:
+            write_record(run_dir, script_command(request.script, request.module, request.args, os.getcwd()))
 
         samplers = Samplers(run_dir, request.sample_interval_s)
         manifest = base_manifest(request, samplers)

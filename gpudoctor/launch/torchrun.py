@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gpudoctor.bundle import Manifest, read_manifest, write_json_atomic
+from gpudoctor.bundle.confined import bundle_file
 from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.errors import BundleError, GpudoctorError
+from gpudoctor.launch.command_record import job_command, write_record
 from gpudoctor.launch.inner_job import OUTER_ENV
 from gpudoctor.launch.run_dir import check_script, prepare_run_dir, stamped_dir
 from gpudoctor.launch.supervisor import Supervisor, exit_status_of, start, terminal_sent_to_group
@@ -136,7 +138,9 @@ def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str],
     if job.script is not None:
         check_script(job.script)  # once here, rather than once per rank
     run_dir = make_job_dir(out, job.name)
-    write_json_atomic(run_dir / JOB_COMMAND, {**asdict(job), "rank_options": rank_options, "cwd": os.getcwd()})
+    command = JobCommand(job, rank_options, os.getcwd())
+    write_json_atomic(run_dir / JOB_COMMAND, command.as_recorded())
+    write_record(run_dir, job_command(command.as_recorded(), command.cwd))  # what `gpudoctor try` may run again
     agent = start(rank_command(job, run_dir, rank_options), {**os.environ, OUTER_ENV: "1"}, output_log)
     returncode = _AgentSupervisor(agent, None).wait()
     status = exit_status_of(returncode)
@@ -151,11 +155,18 @@ class JobCommand:
     rank_options: list[str]
     cwd: str
 
+    def as_recorded(self) -> dict[str, object]:
+        """As JOB_COMMAND holds it."""
+        return {**asdict(self.job), "rank_options": self.rank_options, "cwd": self.cwd}
+
 
 def read_job_command(run_dir: Path) -> JobCommand | None:
     """The job's command (JOB_COMMAND), or None for a job run directory without one (written before it was kept)."""
+    path = bundle_file(run_dir, JOB_COMMAND)  # never a link out of the run directory
+    if path is None:
+        return None
     try:
-        data = json.loads((run_dir / JOB_COMMAND).read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
         job = TorchrunJob(options=list(data["options"]), script=data["script"], module=data["module"],
                           args=list(data["args"]))
         return JobCommand(job, list(data["rank_options"]), str(data["cwd"]))

@@ -277,8 +277,11 @@ def _run_facts(run: Run) -> RunFacts:
 # -- finding cards ---------------------------------------------------------------------------------
 def _source_path(file: str, run_cwd: str | None) -> Path | None:
     """The file as recorded; a relative one from the run's working directory; a run made in another checkout of
-    the same project from here."""
+    the same project from here. A Python file only (.py): a run directory from elsewhere names what it likes, and
+    its report must not copy lines of the reader's other files (keys, tokens) into a page they may send back."""
     path = Path(file)
+    if path.suffix != ".py":
+        return None
     candidates = [path] if path.is_absolute() else [Path(run_cwd or ".") / path, path]
     if path.is_absolute() and run_cwd and path.is_relative_to(run_cwd):
         candidates.append(Path.cwd() / path.relative_to(run_cwd))

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudoctor.bundle.confined import inside
+
 MAX_ENTRIES = 100_000  # files listed in the working directory before gpudoctor gives up telling outputs apart
 MAX_KEPT_BYTES = 2 << 30  # the diagnosed run's own outputs copied aside, at most
 SKIPPED_DIRS = {".git", ".hg", ".svn", "__pycache__", "gpudoctor-runs"}
@@ -75,6 +77,7 @@ class KeptOutputs:
 
     def __init__(self, directory: WorkingDirectory, paths: list[str], store: Path) -> None:
         self.directory, self.paths, self.store = directory, paths, store
+        remove(store)  # an earlier store, left by a try that was stopped, or a link planted in its place
         size = sum((directory.root / p).stat().st_size for p in paths if (directory.root / p).is_file())
         if size > MAX_KEPT_BYTES:
             raise OutputsNotIsolated(
@@ -91,16 +94,29 @@ class KeptOutputs:
         for path in changed:
             _move(self.directory.root / path, outputs / path)
         for path in self.paths:
-            if path in changed or not (self.directory.root / path).exists():
-                _copy(self.store / path, self.directory.root / path)
+            target = self.directory.root / path
+            if not inside(self.directory.root, target.parent):
+                continue  # the try made a folder of it a link out of the working directory: not written through
+            if path in changed or not target.exists():
+                _copy(self.store / path, target)
         return changed
 
     def discard(self) -> None:
         shutil.rmtree(self.store, ignore_errors=True)
 
 
+def remove(path: Path) -> None:
+    """Remove `path`, a folder with what it holds, or a file or a link (never what the link leads to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _copy(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()  # copied in its place, never through it
     shutil.copy2(source, target)
 
 

@@ -19,14 +19,14 @@ import contextlib
 import datetime as dt
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpudoctor.bundle import EVENTS
+from gpudoctor.bundle.confined import inside, leads_out
 from gpudoctor.bundle.events import EVENT_DECODER, RemedyEvent
-from gpudoctor.bundle.findings import Tried
+from gpudoctor.bundle.findings import FindingJson, Tried
 from gpudoctor.bundle.jsonio import read_jsonl
 from gpudoctor.bundle.layout import MANIFEST, rank_dirs
 from gpudoctor.bundle.manifest import Manifest, read_manifest
@@ -39,7 +39,7 @@ from gpudoctor.launch.profile import ProfileRequest, profile
 from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
 from gpudoctor.report.document import Report
-from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, written_between
+from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, remove, written_between
 from gpudoctor.trying.settings import TrySettings
 
 TRIES_DIR = "tries"
@@ -108,24 +108,26 @@ class Diagnosed:
         return started, started + self.manifest.duration_s
 
 
-def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callable[[str], None]) -> Report:
-    """The report with `tried` on each finding chosen: its fix measured, or why it was not."""
+def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callable[[str], None],
+              diagnosed: Diagnosed | None = None) -> Report:
+    """The report with `tried` on each finding chosen: its fix measured, or why it was not. `diagnosed`: the run as
+    its user confirmed it (gpudoctor.trying.consent), else as the run directory has it now."""
     try:
-        diagnosed = _diagnosed(run_dir, report)
-        problem = _cannot_try(diagnosed, report)
+        run = diagnosed or diagnosed_run(run_dir, report)
+        problem = cannot_try(run)
     except GpudoctorError as exc:
         problem = str(exc)
     if problem is not None:
         refused = Tried(status="not_applicable", reason=problem)
         return _with_tried(report, settings, lambda f: refused)
-    tries = _Tries(diagnosed, settings, say)
+    tries = _Tries(run, settings, say)
     try:
         return _with_tried(report, settings, tries.one)
     finally:
         tries.close()
 
 
-def _diagnosed(run_dir: Path, report: Report) -> Diagnosed:
+def diagnosed_run(run_dir: Path, report: Report) -> Diagnosed:
     """The run as its tries repeat it: its manifest; for a job whose ranks the script started, the script's own
     (launcher/, or its first rank's when the script trained as one, as Lightning's does); for a torchrun job that
     gpudoctor started, its command and its first rank's manifest."""
@@ -141,10 +143,12 @@ def _diagnosed(run_dir: Path, report: Report) -> Diagnosed:
         raise BundleError(f"{run_dir} is a job that torchrun started around gpudoctor, whose command gpudoctor does "
                           "not know: profile it as `gpudoctor profile --try-fixes torchrun ...` to try its fixes")
     launcher = run_dir / LAUNCHER_DIR
+    if launcher.exists() and not inside(run_dir, launcher):
+        raise leads_out(run_dir, launcher)
     return Diagnosed(run_dir, read_manifest(launcher if (launcher / MANIFEST).is_file() else first), step_s)
 
 
-def _cannot_try(diagnosed: Diagnosed, report: Report) -> str | None:
+def cannot_try(diagnosed: Diagnosed) -> str | None:
     manifest = diagnosed.manifest
     if manifest.trace_only or (manifest.target.script is None and manifest.target.module is None):
         return "the run's manifest does not say which script it ran"
@@ -152,14 +156,22 @@ def _cannot_try(diagnosed: Diagnosed, report: Report) -> str | None:
         return f"the run's working directory {manifest.cwd} is gone"
     if not diagnosed.step_s:
         return "the diagnosed run has no step time to compare a try's with"
+    tries = diagnosed.run_dir / TRIES_DIR
+    if not inside(diagnosed.run_dir, tries):
+        return f"{tries} is a link out of the run directory, and gpudoctor writes the tries only inside it"
     return None
+
+
+def chosen(finding: dict[str, object] | FindingJson, settings: TrySettings) -> bool:
+    """Whether the finding's fix is to be tried (--finding)."""
+    return settings.finding is None or str(finding["code"]).startswith(settings.finding)
 
 
 def _with_tried(report: Report, settings: TrySettings, tried_for: Callable[[dict[str, object]], Tried]) -> Report:
     findings = []
     for finding in report["findings"]:
-        chosen = settings.finding is None or finding["code"].startswith(settings.finding)
-        findings.append({**finding, "tried": tried_for(dict(finding)).to_json()} if chosen else finding)
+        findings.append({**finding, "tried": tried_for(dict(finding)).to_json()} if chosen(finding, settings)
+                        else finding)
     cards = [{**card, "finding": findings[i]} for i, card in enumerate(report["cards"])] if (
         len(report["cards"]) == len(findings)) else report["cards"]
     return {**report, "findings": findings, "cards": cards}  # type: ignore[typeddict-item]
@@ -212,7 +224,7 @@ class _Tries:
             name, n = f"{code}-{n}", n + 1
         self.names.add(name)
         folder = self.root / name
-        shutil.rmtree(folder, ignore_errors=True)  # an earlier try of the same finding
+        remove(folder)  # an earlier try of the same finding
         return folder
 
     def _run(self, folder: Path, remedy: Remedy) -> Tried:
