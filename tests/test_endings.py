@@ -152,7 +152,9 @@ def test_timeout(gd: Gpudoctor) -> None:
     assert result.returncode == 124, result
     assert time.monotonic() - started < 60
     assert _one_sentence(result.first_message) and "--timeout 2 s" in result.first_message
+    assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr  # gpudoctor stopped it
     assert result.manifest()["exit"]["ending"] == "timeout"
+    assert not (result.run_dir / "stopping").exists()
     _assert_reported(result)
 
 
@@ -180,9 +182,14 @@ def _signal_gpudoctor_mid_window(gd: Gpudoctor, sig: signal.Signals) -> Result:
 
 
 def test_sigint_to_gpudoctor_interrupts_the_script(gd: Gpudoctor) -> None:
+    from gpudoctor.collect import bootstrap
+
     result = _signal_gpudoctor_mid_window(gd, signal.SIGINT)
     assert result.returncode == 130, result
     assert "KeyboardInterrupt" in result.stderr  # the script itself was interrupted
+    shown = result.stderr[result.stderr.index("Traceback"):result.stderr.index("KeyboardInterrupt")]
+    package = str(Path(bootstrap.__file__).parents[1])
+    assert package not in shown and ENDINGS in shown  # the script's frames, none of gpudoctor's
     assert _one_sentence(result.first_message) and "interrupted" in result.first_message
     assert result.manifest()["exit"]["ending"] == "interrupted"
     assert (result.run_dir / "trace.json.gz").is_file()  # the interrupted window still wrote its trace
@@ -318,3 +325,23 @@ def test_the_deadline_is_cancelled_once_finishing_is_done() -> None:
     deadline.cancel()
     deadline.join(1)
     assert not deadline.is_alive()
+
+
+def test_a_traceback_shown_for_ctrl_c_has_none_of_gpudoctors_frames() -> None:
+    import traceback
+
+    from gpudoctor.collect import bootstrap
+
+    inside = os.path.join(os.path.dirname(bootstrap.__file__), "loader_hooks.py")
+    wrappers: dict[str, object] = {}
+    exec(compile("def wrapper(call):\n    return call()\n", inside, "exec"), wrappers)
+
+    def users_code() -> None:
+        raise KeyboardInterrupt
+
+    try:
+        wrappers["wrapper"](users_code)  # type: ignore[operator]
+    except KeyboardInterrupt as exc:
+        shown = bootstrap._without_gpudoctor(exc.__traceback__)
+    names = [frame.name for frame in traceback.extract_tb(shown)]
+    assert names == ["test_a_traceback_shown_for_ctrl_c_has_none_of_gpudoctors_frames", "users_code"]

@@ -30,6 +30,7 @@ from gpudoctor.bundle.layout import (
     SAMPLE_FILES,
     SAMPLES_DIR,
     SCHEMA_VERSION,
+    STOPPING,
     TRACE,
     trace_name,
     trace_names,
@@ -42,7 +43,7 @@ from gpudoctor.errors import BundleError
 
 __all__ = [
     "EVENTS", "EXITING", "FINDINGS", "MANIFEST", "PARTIAL_TRACE", "RAW_TRACE", "REPORT", "SAMPLES_DIR", "SAMPLE_FILES",
-    "SCHEMA_VERSION",
+    "SCHEMA_VERSION", "STOPPING",
     "TRACE", "Bundle", "EventFilter", "JsonlWriter", "Manifest", "TraceNotStreamable", "TraceStream", "load",
     "read_jsonl", "read_manifest", "read_trace", "trace_name", "trace_names", "write_json_atomic",
 ]

@@ -26,6 +26,9 @@ SAMPLE_FILES = {"host": "host.jsonl", "procs": "procs.jsonl", "gpu": "gpu.jsonl"
 # Made by the script's process once its atexit handlers have run and only the interpreter's own teardown is left;
 # the launcher reads it to tell a process that does not exit from one still at work. Removed once it has exited.
 EXITING = "exiting"
+# Made by the launcher just before it interrupts the script at --timeout: the script's process then prints no
+# KeyboardInterrupt traceback (gpudoctor says in one sentence that it stopped it). Removed once it has exited.
+STOPPING = "stopping"
 FINDINGS = "findings.json"
 REPORT = "report.html"
 RANK_DIR = re.compile(r"^rank-(0|[1-9][0-9]{0,5})$")  # a job's rank K has its bundle in RUN/rank-K/

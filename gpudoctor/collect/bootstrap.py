@@ -20,6 +20,7 @@ import types
 from pathlib import Path
 from types import TracebackType
 
+from gpudoctor.bundle import STOPPING
 from gpudoctor.collect import follow
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.recorder import MaxStepsReached
@@ -32,6 +33,7 @@ from gpudoctor.collect.session import (
 )
 
 _INTERNAL_FILES = {os.path.realpath(__file__), os.path.realpath(runpy.__file__)}
+_GPUDOCTOR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 
 
 def _is_internal(filename: str) -> bool:
@@ -44,6 +46,20 @@ def _trim(tb: TracebackType | None) -> TracebackType | None:
     while tb is not None and _is_internal(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb
+
+
+def _without_gpudoctor(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without any of gpudoctor's frames (its wrappers around the script's calls): what python
+    would print for the same interrupt."""
+    frames = []
+    while tb is not None:
+        if not os.path.realpath(tb.tb_frame.f_code.co_filename).startswith(_GPUDOCTOR):
+            frames.append(tb)
+        tb = tb.tb_next
+    kept = None
+    for frame in reversed(frames):
+        kept = types.TracebackType(kept, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
+    return kept
 
 
 def _run(target_kind: str, target: str, args: list[str]) -> None:
@@ -93,7 +109,8 @@ def main(argv: list[str]) -> None:
         raise
     except KeyboardInterrupt as exc:
         session.finish("interrupted")
-        traceback.print_exception(type(exc), exc, _trim(exc.__traceback__))
+        if not (Path(config.run_dir) / STOPPING).is_file():  # Ctrl-C, not gpudoctor's own stop at --timeout
+            traceback.print_exception(type(exc), exc, _without_gpudoctor(_trim(exc.__traceback__)))
         sys.stderr.flush()
         # Die of SIGINT, as python does, so the status seen from outside is the same.
         signal.signal(signal.SIGINT, signal.SIG_DFL)

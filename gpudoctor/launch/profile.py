@@ -8,13 +8,14 @@ into (gpudoctor.collect.follow): each writes its bundle in the run directory, fi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, write_json_atomic
+from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, STOPPING, write_json_atomic
 from gpudoctor.collect import follow
 from gpudoctor.collect.config import ChildConfig, WindowConfig
 from gpudoctor.collect.stub import child_arguments, child_command
@@ -100,10 +101,11 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
     followed_ranks = (list) if job_dir != run_dir else (lambda: followed.followed_pids(run_dir))
     supervisor = Supervisor(child, request.timeout_s, followed_ranks, exiting=(run_dir / EXITING).is_file,
-                            exit_grace_s=request.exit_grace_s)
+                            exit_grace_s=request.exit_grace_s, on_timeout=lambda: _mark(run_dir / STOPPING))
     try:
         returncode = supervisor.wait(meanwhile)
-        (run_dir / EXITING).unlink(missing_ok=True)
+        for marker in (EXITING, STOPPING):
+            (run_dir / marker).unlink(missing_ok=True)
         stopped = followed.end_ranks(run_dir) if job_dir == run_dir else []
     finally:
         if progress is not None:
@@ -117,3 +119,8 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     note = finish_manifest(run_dir, final)
     ranks = followed.finish_job(run_dir, final, samplers) if job_dir == run_dir else []
     return ProfileOutcome(run_dir, status, ending, message, note, ranks, stopped)
+
+
+def _mark(path: Path) -> None:
+    with contextlib.suppress(OSError):  # without the mark the script prints its traceback, and nothing else changes
+        path.touch()

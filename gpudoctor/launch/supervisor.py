@@ -36,12 +36,13 @@ class Supervisor:
 
     def __init__(self, child: subprocess.Popen, timeout_s: float | None,
                  others: Callable[[], list[int]] = list, exiting: Callable[[], bool] | None = None,
-                 exit_grace_s: float = EXIT_GRACE_S) -> None:
+                 exit_grace_s: float = EXIT_GRACE_S, on_timeout: Callable[[], None] | None = None) -> None:
         self.child = child
         self.timeout_s = timeout_s
         self.others = others
         self.exiting = exiting
         self.exit_grace_s = exit_grace_s
+        self.on_timeout = on_timeout  # called once the timeout is reached, before the child is interrupted
         self.timed_out = False
         self.stuck_at_exit = False  # its script had finished, and its process did not exit: gpudoctor stopped it
         self.interrupted = 0
@@ -79,6 +80,8 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     if deadline is not None and time.monotonic() >= deadline:
                         self.timed_out = True
+                        if self.on_timeout is not None:
+                            self.on_timeout()
                         return self._stop_child()
                 exiting_since = self._exiting_since(exiting_since)
                 if exiting_since is not None and time.monotonic() - exiting_since >= self.exit_grace_s:
