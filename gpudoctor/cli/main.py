@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpudoctor import __version__
+from gpudoctor._version import __version__
 from gpudoctor.errors import EXIT_INTERNAL, GpudoctorError
 
 if TYPE_CHECKING:  # the click that typer uses, as the type checker sees it in the installed typer

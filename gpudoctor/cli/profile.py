@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it 
     from typer._click.core import Context as _ClickContext
 
     from gpudoctor.diagnose import PreparedRules
-    from gpudoctor.launch.profile import ProfileOutcome, ProfileRequest
+    from gpudoctor.launch.profile import ProfileOutcome
+    from gpudoctor.launch.request import ProfileRequest
     from gpudoctor.launch.torchrun import TorchrunJob
     from gpudoctor.remedy import Remedy
     from gpudoctor.report.document import Report
@@ -135,8 +136,8 @@ def profile(
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     # Imported here, not with the module: `gpudoctor --help` and the other commands answer without them.
     from gpudoctor.launch import inner_job
-    from gpudoctor.launch.profile import ProfileRequest
     from gpudoctor.launch.profile import profile as run_profile
+    from gpudoctor.launch.request import ProfileRequest
     from gpudoctor.launch.run_dir import python_program
     from gpudoctor.launch.torchrun import is_torchrun
     from gpudoctor.trying.settings import TrySettings

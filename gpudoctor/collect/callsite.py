@@ -8,7 +8,6 @@ import sys
 import sysconfig
 from types import FrameType
 
-import gpudoctor
 from gpudoctor.bundle.records import Site
 
 
@@ -49,7 +48,7 @@ def _libraries() -> tuple[str, ...]:
     return _LIBRARIES + _install_dirs(tuple(sys.path))
 
 
-_GPUDOCTOR_DIR = os.path.dirname(os.path.realpath(gpudoctor.__file__)) + os.sep
+_GPUDOCTOR_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # gpudoctor/
 _LIBRARIES = _library_prefixes()
 _realpaths: dict[str, str] = {}
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-import gpudoctor
 from gpudoctor.collect.config import ChildConfig
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(gpudoctor.__file__)))
+# The folder that holds the gpudoctor package (this file is gpudoctor/collect/stub.py).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 # Runs under `python -c`: sys.path[0] is "" there; the bootstrap sets it as python would for the script.
 _STUB = (
     "import sys; sys.path.insert(1, {root!r}); import gpudoctor.collect.bootstrap as b; "

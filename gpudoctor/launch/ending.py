@@ -10,7 +10,7 @@ from gpudoctor.errors import EXIT_TIMEOUT
 from gpudoctor.launch.supervisor import Supervisor, exit_status_of
 
 if TYPE_CHECKING:
-    from gpudoctor.launch.profile import ProfileRequest
+    from gpudoctor.launch.request import ProfileRequest
 
 
 def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | None,

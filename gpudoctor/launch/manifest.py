@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gpudoctor import __version__
+from gpudoctor._version import __version__
 from gpudoctor.bundle import (
     EVENTS,
     MANIFEST,
@@ -52,7 +52,7 @@ from gpudoctor.bundle.manifest import (
 )
 
 if TYPE_CHECKING:
-    from gpudoctor.launch.profile import ProfileRequest
+    from gpudoctor.launch.request import ProfileRequest
     from gpudoctor.launch.samplers import Samplers
 
 

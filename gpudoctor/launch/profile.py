@@ -17,36 +17,15 @@ from pathlib import Path
 
 from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, STOPPING, write_json_atomic
 from gpudoctor.collect import follow
-from gpudoctor.collect.config import ChildConfig, WindowConfig
+from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.stub import child_arguments, child_command
 from gpudoctor.launch import followed, prestart
 from gpudoctor.launch.ending import describe_ending
 from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
 from gpudoctor.launch.ranks import torchrun_rank
+from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.run_dir import check_script, make_run_dir
-from gpudoctor.launch.supervisor import EXIT_GRACE_S, Supervisor, start
-from gpudoctor.remedy import Remedy
-
-
-@dataclass
-class ProfileRequest:
-    script: str | None
-    module: str | None
-    args: list[str]
-    out: Path | None = None
-    window: WindowConfig = field(default_factory=WindowConfig)
-    max_steps: int | None = None
-    timeout_s: float | None = None
-    exit_grace_s: float = EXIT_GRACE_S  # how long a process that is only exiting may take before it is stopped
-    sample_interval_s: float = 0.1
-    with_stack: bool = False
-    progress: bool = True  # a status line on stderr while the script runs, when stderr is a terminal
-    remedy: Remedy | None = None  # a try's fix, applied in the script's process (gpudoctor.collect.remedies)
-    output_log: Path | None = None  # where the script's stdout and stderr go (None: gpudoctor's own)
-
-    @property
-    def target_name(self) -> str:
-        return self.module or Path(self.script or "script").stem
+from gpudoctor.launch.supervisor import Supervisor, start
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import TypedDict
 
 import jinja2
 
-from gpudoctor import __version__
+from gpudoctor._version import __version__
 from gpudoctor.bundle.findings import FindingRecord, LocationJson
 from gpudoctor.paths import findings_schema
 from gpudoctor.report.diff import Remaining, RunDiff, RunFindings, Source

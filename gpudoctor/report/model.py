@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
-from gpudoctor import __version__
+from gpudoctor._version import __version__
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.summary import PhaseTime, breakdown
 from gpudoctor.analysis.timeline import MAX_POINTS

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import gpudoctor.testing.given as given
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.events import TRACED_WINDOW_STATES
 from gpudoctor.bundle.events import (
@@ -26,7 +27,6 @@ from gpudoctor.bundle.events import (
 from gpudoctor.bundle.layout import TRACE
 from gpudoctor.bundle.records import Site as SiteRecord
 from gpudoctor.bundle.samples import GpuEntry
-from gpudoctor.testing import given
 from gpudoctor.testing.built_events import events
 from gpudoctor.testing.built_files import write_bundle
 from gpudoctor.testing.sites import SITE_DEFAULT, Site

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpudoctor import __version__
+from gpudoctor._version import __version__
 from gpudoctor.bundle.layout import SCHEMA_VERSION
 from gpudoctor.bundle.manifest import (
     ChildFacts,

@@ -35,7 +35,8 @@ from gpudoctor.errors import BundleError, GpudoctorError
 from gpudoctor.job.layout import is_job_dir
 from gpudoctor.launch.followed import LAUNCHER_DIR
 from gpudoctor.launch.inner_job import DONE
-from gpudoctor.launch.profile import ProfileRequest, profile
+from gpudoctor.launch.profile import profile
+from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
 from gpudoctor.report.document import Report
