@@ -13,8 +13,8 @@ from gpudoctor import Finding, rule
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY
 from gpudoctor.analysis.views import Location
-from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
 from gpudoctor.engine import EngineResult, run_rules
+from gpudoctor.pipeline import RuleSelection, diagnose_run, prepare_rules, report_of
 from gpudoctor.report import build_report
 from gpudoctor.report.budget import host_lines_json
 from gpudoctor.report.model import link_outputs
@@ -27,7 +27,7 @@ RECORDED = sorted(p.name for p in BUNDLES.iterdir() if (p / "trace.json.gz").exi
 
 @cache
 def _report(name: str) -> dict:
-    return dict(diagnose(Run.from_bundle(BUNDLES / name), prepare_rules(RuleSelection())))
+    return dict(report_of(diagnose_run(Run.from_bundle(BUNDLES / name), prepare_rules(RuleSelection()))))
 
 
 def _shares(name: str) -> dict[str, float]:

@@ -19,9 +19,9 @@ import gpudoctor.cli
 import gpudoctor.engine.retired
 import gpudoctor.job
 from conftest import REPO, Gpudoctor, env_with
-from gpudoctor.diagnose import RuleSelection, prepare_rules
 from gpudoctor.engine import builtin_rules, load_rules, run_rules
 from gpudoctor.errors import RuleLoadError
+from gpudoctor.pipeline import RuleSelection, prepare_rules
 from gpudoctor.testing import BundleBuilder, load_fixture, run_rule
 
 STARVED = str(REPO / "fixtures" / "bundles" / "data_starvation_bad")

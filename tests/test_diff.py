@@ -15,10 +15,10 @@ import pytest
 
 from conftest import REPO, Gpudoctor, checked_findings
 from gpudoctor.bundle.findings import FindingLocation, FindingRecord
-from gpudoctor.diagnose import RuleSelection, diagnose, open_run, prepare_rules, write_outputs
-from gpudoctor.diffing import compare_runs, read_run
 from gpudoctor.engine import load_rules
 from gpudoctor.paths import findings_schema, templates_dir
+from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
+from gpudoctor.pipeline.diffing import compare_runs, read_run
 from gpudoctor.report.diff import RunFindings, canonical_codes, compare, speedup
 from gpudoctor.report.diff_render import diff_document, diff_schema, diff_to_text, speed_phrase
 from gpudoctor.testing import fixture_path
@@ -47,8 +47,8 @@ def analysed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """findings.json of the starved run and of its fix, written as `gpudoctor analyze --format json` writes it."""
     written = {}
     for name in (BAD, FIXED):
-        report = diagnose(open_run(fixture_path(name)), prepare_rules(RuleSelection()))
-        written[name] = write_outputs(report, tmp_path_factory.mktemp(name), ("json",))["json"]
+        diagnosis = diagnose([fixture_path(name)], prepare_rules(RuleSelection()))
+        written[name] = write(diagnosis, tmp_path_factory.mktemp(name), ("json",)).files["json"]
     return written
 
 

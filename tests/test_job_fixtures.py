@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from gpudoctor.diagnose import RuleSelection, prepare_rules
-from gpudoctor.job.merge import diagnose_job
+from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html, to_text
 from gpudoctor.report.units import seconds
@@ -40,13 +39,13 @@ BALANCED = sorted({fixed for _, fixed, _ in PAIRS})
 
 @pytest.fixture(scope="module")
 def merged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Every recorded job diagnosed as one, from a copy (the diagnosis writes each rank's report into its bundle)."""
+    """Every recorded job diagnosed as one, from a copy (each rank's report is written into its bundle)."""
     prepared = prepare_rules(RuleSelection())
     found = {}
     for name in {job for pair in PAIRS for job in pair[:2]}:
         copy = tmp_path_factory.mktemp("jobs") / name
         shutil.copytree(JOBS / name, copy)
-        found[name] = diagnose_job([copy], prepared)
+        found[name] = write(diagnose([copy], prepared), copy, ()).report
     return found
 
 

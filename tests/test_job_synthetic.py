@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpudoctor.diagnose import RuleSelection, prepare_rules
-from gpudoctor.job.merge import diagnose_job
+from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
 from gpudoctor.testing import BundleBuilder
 
 STEP_S, STEPS = 0.020, 8
@@ -31,7 +30,8 @@ def _rank(run: Path, rank: int, *, data_wait_s: float, compute: tuple[float, flo
 
 
 def _merged(run: Path) -> list[dict]:
-    return diagnose_job([run], prepare_rules(RuleSelection()))["findings"]
+    """The job's merged findings; each rank's own report is written into its bundle."""
+    return write(diagnose([run], prepare_rules(RuleSelection())), run, ()).report["findings"]
 
 
 def test_the_rank_that_loads_slowly_is_the_straggler(tmp_path: Path) -> None:

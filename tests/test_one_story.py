@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from gpudoctor.diagnose import RuleSelection, prepare_rules
 from gpudoctor.engine import diagnose_windows
+from gpudoctor.pipeline import RuleSelection, prepare_rules
 from gpudoctor.report import build_report
 from gpudoctor.report.model import MAX_TOTAL_SAVING
 from gpudoctor.report.render import to_text

@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 
 from conftest import Gpudoctor, Result
-from gpudoctor.diagnose import RuleSelection, diagnose, open_run, prepare_rules
 from gpudoctor.paths import findings_schema
+from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, report_of
 from gpudoctor.report.render import to_json
 from gpudoctor.testing import available_fixtures, fixture_path
 
@@ -38,7 +38,7 @@ def test_every_fixture_is_recorded() -> None:
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_fixture_findings_json_matches_the_schema(name: str, validator, builtin_rules) -> None:
-    findings = json.loads(to_json(diagnose(open_run(fixture_path(name)), builtin_rules)))
+    findings = json.loads(to_json(report_of(diagnose([fixture_path(name)], builtin_rules))))
     assert not _errors(validator, findings)
 
 

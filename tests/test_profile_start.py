@@ -25,10 +25,10 @@ def start(self, *args, **kwargs):
 
 subprocess.Popen.__init__ = start
 if sys.argv[1] == "broken":
-    import gpudoctor.diagnose
+    import gpudoctor.pipeline
     def refuse(selection, project_dir=None):
         raise gpudoctor.errors.RuleLoadError("the built-in rules are broken")
-    gpudoctor.diagnose.prepare_rules = refuse
+    gpudoctor.pipeline.prepare_rules = refuse
 sys.argv = ["gpudoctor", *sys.argv[2:]]
 from gpudoctor.cli import main
 main()

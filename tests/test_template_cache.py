@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.diagnose import RuleSelection, diagnose, open_run, prepare_rules
+from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, report_of
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html
 from gpudoctor.testing import fixture_path
@@ -15,8 +15,8 @@ from gpudoctor.testing import fixture_path
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    run = open_run(fixture_path("blocking_copy_bad"))
-    return link_outputs(diagnose(run, prepare_rules(RuleSelection())), fixture_path("blocking_copy_bad"))
+    diagnosis = diagnose([fixture_path("blocking_copy_bad")], prepare_rules(RuleSelection()))
+    return link_outputs(report_of(diagnosis), fixture_path("blocking_copy_bad"))
 
 
 def _cached(cache_home: Path) -> list[Path]:

@@ -114,14 +114,14 @@ def test_compact_and_detailed_parses_agree_on_the_views(raw: dict[str, Any], sma
 
 
 def test_findings_of_a_compact_parse_are_those_of_a_detailed_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpudoctor.diagnose import RuleSelection, diagnose, prepare_rules
+    from gpudoctor.pipeline import RuleSelection, diagnose_run, prepare_rules, report_of
 
     prepared = prepare_rules(RuleSelection())
     reports = []
     for detail in (True, False):
         run = Run.from_bundle(FIXTURE.parent)
         run.__dict__["trace"] = parse_trace(FIXTURE, detail=detail)
-        report = diagnose(run, prepared)
+        report = report_of(diagnose_run(run, prepared))
         reports.append((report["findings"], {**report["run"], "budget": _merged_host(report["run"]["budget"])}))
     assert reports[0] == reports[1]
 

@@ -101,6 +101,12 @@ class StepTime:
     evaluations: int = 0  # steps left out of the mean because they ran an evaluation (EVALUATION_CALLS)
     stalls: int = 0  # steps left out of the mean because they stalled outside their data wait (STALL_FACTOR)
 
+    @property
+    def reported_s(self) -> float | None:
+        """`seconds` to the nanosecond, as findings.json gives it (`run.step_s`): the step that a run's tries and a
+        job's ranks are measured against."""
+        return None if self.seconds is None else round(self.seconds, 9)
+
 
 def step_time(view: StepView, gpu_work_per_step_s: float | None) -> StepTime:
     """The step at the run's pace, from the steps of `view` and the GPU's work per step (see StepTime)."""

@@ -71,3 +71,8 @@ def ranks_linked_out(directory: Path) -> list[Path]:
     """The rank-K/ entries of `directory` that are links to somewhere outside it: never read as its ranks."""
     entries = directory.iterdir() if directory.is_dir() else ()
     return sorted(child for child in entries if RANK_DIR.match(child.name) and not inside(directory, child))
+
+
+def is_job_dir(path: Path) -> bool:
+    """A job's run directory: rank bundles in it, and no bundle of its own."""
+    return path.is_dir() and not (path / MANIFEST).exists() and bool(rank_dirs(path))

@@ -21,7 +21,9 @@ from gpudoctor.cli.app import (
     _Command,
     _fails,
     _formats,
+    _prepare,
     _say,
+    _say_each,
     _selection,
     _write,
     app,
@@ -46,37 +48,21 @@ def analyze(
     output_formats: FormatOption = None,
 ) -> None:
     """Re-analyse a run directory, or a Chrome trace that torch.profiler wrote anywhere."""
-    from gpudoctor.diagnose import analysis_input, diagnose, open_run, prepare_rules, refuse_project_inside
-    from gpudoctor.job import is_job_dir
-    from gpudoctor.job.merge import diagnose_job
-    from gpudoctor.ui.trace_progress import TraceProgress
+    from gpudoctor import pipeline
 
     _check_fail_on(fail_on)
     formats = _formats(output_formats)
     for path in paths:
         if not path.exists():
             raise InputNotFoundError(f"{path} does not exist.")
-    refuse_project_inside(paths)
-    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
-    if len(paths) > 1 or is_job_dir(paths[0]):  # a torchrun job: its ranks, merged
-        job_report = diagnose_job(paths, prepared, out or paths[0])
-        _write(job_report, out or paths[0], formats)
-        if _fails(job_report, fail_on):
-            raise typer.Exit(EXIT_FINDINGS)
-        return
-    path = paths[0]
-    source, chosen = analysis_input(path)  # a TensorBoard directory's newest trace, said in one sentence
-    if chosen:
-        _say(chosen)
-    out_dir = out or (source if source.is_dir() else source.parent)
-    run = open_run(source)
-    run.trace_progress = TraceProgress.on_terminal(sys.stderr)  # None unless stderr is a terminal
-    report = diagnose(run, prepared)
-    _write(report, out_dir, formats)
-    if _fails(report, fail_on):
+    pipeline.refuse_project_inside(paths)
+    prepared = _prepare(_selection(rules, select, ignore, rule_option, rule_timeout))
+    inputs, chosen = pipeline.analysis_inputs(paths)  # a TensorBoard directory's newest trace, said in one sentence
+    _say_each(chosen)
+    diagnosis = pipeline.diagnose(inputs, prepared, progress=sys.stderr)
+    _write(diagnosis, out or diagnosis.out_dir, formats)
+    if _fails(diagnosis, fail_on):
         raise typer.Exit(EXIT_FINDINGS)
-
-
 
 
 DIFF_HELP = """Did the fix work? Compare two runs: the median step of each, the speed-up (before / after), and each
@@ -115,11 +101,9 @@ def diff(
     rules: RulesOption = None,
 ) -> None:
     """Compare two runs: median steps, speed-up, and the findings resolved, new and remaining."""
-    from gpudoctor.diffing import compare_runs, write_file
-    from gpudoctor.report.diff_render import render_diff
+    from gpudoctor.pipeline.diffing import diff_text, write_file
 
-    chosen = _diff_format(output_format, out)
-    text = render_diff(compare_runs(before, after, tuple(rules or ()), progress=sys.stderr), chosen)
+    text = diff_text(before, after, tuple(rules or ()), _diff_format(output_format, out), progress=sys.stderr)
     if out is None:
         print(text, end="")
         return

@@ -1,5 +1,5 @@
 """The command-line application: the typer app, its help layout, the options the commands share, and the few helpers
-they share (messages, formats, --fail-on, writing the report)."""
+they share (messages, formats, --fail-on, and the calls into gpudoctor.pipeline that several commands make)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it 
     from typer._click.core import Parameter as _ClickParameter
     from typer._click.formatting import HelpFormatter as _ClickHelpFormatter
 
-    from gpudoctor.diagnose import PreparedRules, RuleSelection
-    from gpudoctor.report.document import Report
+    from gpudoctor.pipeline import Diagnosis, PreparedRules, RuleSelection
     from gpudoctor.trying.settings import TrySettings
     from gpudoctor.trying.tries import Diagnosed
 
@@ -153,63 +152,57 @@ def _check_fail_on(fail_on: str | None) -> None:
         raise typer.BadParameter(f"--fail-on must be one of {', '.join(SEVERITIES)}, not {fail_on!r}.")
 
 
-def _fails(report: Report, fail_on: str | None) -> bool:
-    """Whether a finding (findings.json's, in the report) is at least as severe as --fail-on."""
-    if fail_on is None:
-        return False
-    threshold = SEVERITIES.index(fail_on)
-    return any(SEVERITIES.index(f["severity"]) >= threshold for f in report["findings"])
+def _fails(diagnosis: Diagnosis, fail_on: str | None) -> bool:
+    from gpudoctor.pipeline import fails
 
-
+    return fails(diagnosis, fail_on)
 
 
 def _selection(rules: list[str] | None, select: list[str] | None, ignore: list[str] | None,
                rule_option: list[str] | None, rule_timeout: float | None) -> RuleSelection:
-    from gpudoctor.diagnose import RuleSelection
+    from gpudoctor.pipeline import RuleSelection
 
     return RuleSelection(tuple(rules or ()), tuple(select or ()), tuple(ignore or ()), tuple(rule_option or ()),
                          rule_timeout)
 
 
-def _diagnose_into(source: Path, out_dir: Path, rules: PreparedRules,
-                   formats: tuple[str, ...] = FORMATS) -> Report | None:
-    """Analyse and write the report; a failure here is reported but never hides the script's own status."""
-    from gpudoctor.diagnose import diagnose, open_run
+def _prepare(selection: RuleSelection) -> PreparedRules:
+    from gpudoctor.pipeline import prepare_rules
+
+    return prepare_rules(selection)
+
+
+def _diagnose_into(run_dir: Path, rules: PreparedRules, formats: tuple[str, ...] = FORMATS) -> Diagnosis | None:
+    """Analyse a run (or a job's ranks) and write its report into its directory; a failure here is said but never
+    hides the script's own status."""
+    from gpudoctor import pipeline
 
     try:
-        report = diagnose(open_run(source), rules)
-        _write(report, out_dir, formats)
+        diagnosis = pipeline.diagnose([run_dir], rules)
+        _write(diagnosis, run_dir, formats)
     except GpudoctorError as exc:
-        _say(f"the bundle was written to {out_dir}, but the report could not be made: {exc}")
+        if pipeline.is_job([run_dir]):
+            _say(f"the rank bundles were written to {run_dir}, but the merged report could not be made: {exc}")
+        else:
+            _say(f"the bundle was written to {run_dir}, but the report could not be made: {exc}")
         return None
-    return report
+    return diagnosis
 
 
-def _trace_left_out(report: Report) -> str | None:
-    """One sentence when the run's trace could not be read and the report was made without it."""
-    from gpudoctor.report.model import TRACE_LEFT_OUT
+def tried_into(diagnosis: Diagnosis, out_dir: Path, settings: TrySettings, formats: tuple[str, ...],
+               confirmed: Diagnosed | None = None) -> Diagnosis:
+    """The diagnosis with its fixes tried, its report written into `out_dir`: each try is said as it starts.
+    `confirmed`: the run as its user confirmed it (`gpudoctor try`)."""
+    from gpudoctor.pipeline import try_fixes
 
-    row = next((row for row in report["not_measured"] if row["what"] == TRACE_LEFT_OUT), None)
-    return None if row is None else f"{row['reason']}."
-
-
-def tried_into(report: Report, run_dir: Path, settings: TrySettings, formats: tuple[str, ...],
-               diagnosed: Diagnosed | None = None) -> Report:
-    """The report with its fixes tried, written into the run directory: each try is said as it starts. `diagnosed`:
-    the run as its user confirmed it (`gpudoctor try`)."""
-    from gpudoctor.trying.tries import try_fixes
-
-    tried = try_fixes(report, run_dir, settings, _say, diagnosed)
-    _write(tried, run_dir, formats)
+    tried = try_fixes(diagnosis, settings, _say, confirmed)
+    _write(tried, out_dir, formats)
     return tried
 
 
-def _write(report: Report, out_dir: Path, formats: tuple[str, ...]) -> None:
-    from gpudoctor.diagnose import write_outputs
-    from gpudoctor.report.render import to_text
+def _write(diagnosis: Diagnosis, out_dir: Path, formats: tuple[str, ...]) -> None:
+    from gpudoctor.pipeline import write
 
-    _say_each(_trace_left_out(report))
-    written = write_outputs(report, out_dir, formats)
-    if "text" in formats:
-        shown = written.get("html") or written.get("json")
-        print(to_text(report, str(shown) if shown else None), file=sys.stderr, end="")
+    written = write(diagnosis, out_dir, formats, say=_say)
+    if written.summary is not None:
+        print(written.summary, file=sys.stderr, end="")

@@ -1,32 +1,12 @@
-"""`gpudoctor profile`: run a script unchanged, profile it, and write its report."""
+"""`gpudoctor profile`: run a script unchanged, or torchrun's job, profile it, and write its report."""
 
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
-from typer.core import TyperOption
-
-from gpudoctor.collect.config import WindowConfig
-from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
-from gpudoctor.launch.supervisor import EXIT_GRACE_S
-from gpudoctor.paths import find_pyproject
-from gpudoctor.vocabulary import ENTRY_POINT_GROUP
-
-if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
-    from typer._click.core import Command as _ClickCommand
-    from typer._click.core import Context as _ClickContext
-
-    from gpudoctor.diagnose import PreparedRules
-    from gpudoctor.launch.profile import ProfileOutcome
-    from gpudoctor.launch.request import ProfileRequest
-    from gpudoctor.launch.torchrun import TorchrunJob
-    from gpudoctor.remedy import Remedy
-    from gpudoctor.report.document import Report
-    from gpudoctor.trying.settings import TrySettings
 
 from gpudoctor.cli.app import (
     PROFILE_HELP,
@@ -45,33 +25,29 @@ from gpudoctor.cli.app import (
     _diagnose_into,
     _fails,
     _formats,
+    _prepare,
     _say,
     _say_each,
     _selection,
-    _write,
     app,
     tried_into,
 )
+from gpudoctor.cli.misplaced import PROFILE_ARGS, end_options_after_module, misplaced_options, profile_options
+from gpudoctor.collect.config import WindowConfig
+from gpudoctor.errors import EXIT_FINDINGS, GpudoctorError
+from gpudoctor.launch.supervisor import EXIT_GRACE_S
+from gpudoctor.paths import find_pyproject
+from gpudoctor.vocabulary import ENTRY_POINT_GROUP
 
+if TYPE_CHECKING:  # and the click that typer uses, as the type checker sees it in the installed typer
+    from typer._click.core import Context as _ClickContext
 
-def _end_options_after_module(args: list[str], takes_value: set[str]) -> list[str]:
-    """Insert `--` after `-m MODULE`, so that the module's own arguments are not read as gpudoctor's options."""
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--" or not arg.startswith("-"):
-            return args  # the script comes first, and click stops reading options there by itself
-        if arg in ("-m", "--module"):
-            return args if i + 1 == len(args) else [*args[:i + 2], "--", *args[i + 2:]]
-        if arg.startswith("--module=") or (arg.startswith("-m") and not arg.startswith("--")):
-            return [*args[:i + 1], "--", *args[i + 1:]]
-        i += 2 if arg in takes_value else 1
-    return args
-
-
-def _profile_options(command: _ClickCommand) -> dict[str, bool]:
-    """Each of profile's option names (--out, -m, ...) and whether it takes a value."""
-    return {name: not p.is_flag for p in command.params if isinstance(p, TyperOption) for name in p.opts}
+    from gpudoctor.launch.profile import ProfileOutcome
+    from gpudoctor.launch.request import ProfileRequest
+    from gpudoctor.launch.torchrun import TorchrunJob
+    from gpudoctor.pipeline import Diagnosis, PreparedRules
+    from gpudoctor.remedy import Remedy
+    from gpudoctor.trying.settings import TrySettings
 
 
 class _ProfileCommand(_Command):
@@ -79,14 +55,11 @@ class _ProfileCommand(_Command):
 
     def parse_args(self, ctx: _ClickContext, args: list[str]) -> list[str]:
         ctx.meta[PROFILE_ARGS] = list(args)  # as typed: a misplaced option is shown moved within them
-        takes_value = {name for name, takes in _profile_options(self).items() if takes}
-        return super().parse_args(ctx, _end_options_after_module(args, takes_value))
+        takes_value = {name for name, takes in profile_options(self).items() if takes}
+        return super().parse_args(ctx, end_options_after_module(args, takes_value))
 
     def collect_usage_pieces(self, ctx: _ClickContext) -> list[str]:
         return ["[OPTIONS]", "SCRIPT", "[ARGS]..."]
-
-
-PROFILE_ARGS = "gpudoctor.profile_args"
 
 
 @app.command(cls=_ProfileCommand, help=PROFILE_HELP,
@@ -135,8 +108,6 @@ def profile(
 ) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) unchanged, profile it, and write a report."""
     # Imported here, not with the module: `gpudoctor --help` and the other commands answer without them.
-    from gpudoctor.launch import inner_job
-    from gpudoctor.launch.profile import profile as run_profile
     from gpudoctor.launch.request import ProfileRequest
     from gpudoctor.launch.run_dir import python_program
     from gpudoctor.launch.torchrun import is_torchrun
@@ -151,29 +122,61 @@ def profile(
         args.insert(0, script)
         script = None
     selection = _RuleArgs(rules, select, ignore, rule_option, rule_timeout)
-    if script is not None and not is_torchrun(script, module):
-        script = python_program(script) or script  # `gpudoctor profile accelerate launch ...`
+    tries = TrySettings(try_steps, try_timeout) if try_fixes else None
     if is_torchrun(script, module):
         _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
-        job = _torchrun_job(args)
-        tries = TrySettings(try_steps, try_timeout) if try_fixes else None
-        _profile_job(job, out, _rank_options(ctx), _prepare(selection), formats, fail_on, tries)
-    request = ProfileRequest(
-        script=script, module=module, args=args, out=out,
-        window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
-                            every_s=_duration_s(every)),
-        max_steps=max_steps,
-        timeout_s=timeout, exit_grace_s=exit_grace, with_stack=with_stack, remedy=_remedy(remedy),
-    )
-    if _rules_beyond_the_builtins(selection):
+        ran = _run_torchrun(_torchrun_job(args), out, _rank_options(ctx), selection)
+    else:
+        request = ProfileRequest(
+            script=python_program(script) or script if script is not None else None,  # `accelerate launch ...`
+            module=module, args=args, out=out,
+            window=WindowConfig(wait=wait_steps, warmup=warmup_steps, active=active_steps, detail=detail_steps,
+                                every_s=_duration_s(every)),
+            max_steps=max_steps, timeout_s=timeout, exit_grace_s=exit_grace, with_stack=with_stack,
+            remedy=_remedy(remedy),
+        )
+        ran = _run_script(ctx, request, selection, formats)
+    raise typer.Exit(_reported(ran, formats, tries, fail_on))
+
+
+class _Ran(NamedTuple):
+    """A run (or torchrun's job) that ended, as its report is to be made."""
+
+    run_dir: Path
+    exit_status: int  # the script's own (torchrun's), a signal N as 128 + N
+    prepared: PreparedRules | None  # None: a rank of a job that `gpudoctor profile torchrun` reports on, once
+    unsaid: str | None = None  # how the script ended, when the report's summary was to say it first
+    inner_rank: bool = False  # a rank of `torchrun ... -m gpudoctor profile`: its own report, then maybe the job's
+
+
+def _run_torchrun(job: TorchrunJob, out: Path | None, rank_options: list[str], selection: _RuleArgs) -> _Ran:
+    """torchrun with `gpudoctor profile` as each rank; the rules are loaded and checked before the job starts."""
+    from gpudoctor.launch.torchrun import run_job
+
+    prepared = _prepared(selection)
+    outcome = run_job(job, out, rank_options)
+    _say_each(outcome.message)
+    return _Ran(outcome.run_dir, outcome.exit_status, prepared)
+
+
+def _run_script(ctx: typer.Context, request: ProfileRequest, selection: _RuleArgs, formats: tuple[str, ...]) -> _Ran:
+    """The script run and its bundle written; the rules loaded before it when the user's own may come in, else while
+    it runs."""
+    from gpudoctor.launch import inner_job
+    from gpudoctor.launch.profile import profile as run_profile
+
+    prepared: PreparedRules | BaseException | None
+    if inner_job.merged_by_outer():  # `gpudoctor profile torchrun` checked the rules, and analyses every rank
+        prepared, outcome = None, run_profile(request)
+    elif _rules_beyond_the_builtins(selection):
         # Loaded and checked before the script runs, so that a bad rule file or setting costs no run.
-        prepared: PreparedRules | BaseException = _prepare(selection)
+        prepared = _prepared(selection)
         outcome = run_profile(request)
     else:  # the built-in rules alone: loaded while the script runs, which starts without waiting for them
         loaded: list[PreparedRules | BaseException] = []
         outcome = run_profile(request, meanwhile=lambda: loaded.append(_prepare_or_error(selection)))
         prepared = loaded[0]
-    ending = _misplaced_options(ctx, request, outcome) or outcome.message
+    ending = misplaced_options(ctx, request, outcome) or outcome.message
     in_verdict = outcome.ending == "exception" and "text" in formats  # the summary's first sentence names it
     _say_each(None if in_verdict else ending, outcome.note)
     if isinstance(prepared, BaseException):
@@ -182,21 +185,51 @@ def profile(
             raise prepared
         raise typer.Exit(outcome.exit_status)
     _say_each(_stopped_ranks(outcome))
-    # With --try-fixes, the report is written first without its summary, so that it is whole whatever the tries do.
-    first = _without_summary(formats) if try_fixes else formats
-    if outcome.ranks:
-        report = _merge_into(outcome.run_dir, prepared, first)
-    elif inner_job.merges_itself():
-        report = _merge_inner_job(outcome.run_dir, prepared, first)
-    else:
-        report = _diagnose_into(outcome.run_dir, outcome.run_dir, prepared, first)
-    if try_fixes and report is not None:
-        report = tried_into(report, outcome.run_dir, TrySettings(try_steps, try_timeout), formats)
-    _say_each(ending if in_verdict and report is None else None)
-    status = outcome.exit_status
-    if status == 0 and report is not None and _fails(report, fail_on):
-        status = EXIT_FINDINGS
-    raise typer.Exit(status)
+    return _Ran(outcome.run_dir, outcome.exit_status, prepared, ending if in_verdict else None,
+                inner_job.merges_itself())
+
+
+def _reported(ran: _Ran, formats: tuple[str, ...], tries: TrySettings | None, fail_on: str | None) -> int:
+    """The exit status, once the report is written (with the fixes tried, with `tries`): the script's own, or
+    EXIT_FINDINGS when it succeeded and a finding meets --fail-on."""
+    if ran.prepared is None:
+        return ran.exit_status
+    diagnosis = (_inner_job_report if ran.inner_rank else _report)(ran.run_dir, ran.prepared, formats, tries)
+    _say_each(ran.unsaid if diagnosis is None else None)
+    if ran.exit_status == 0 and diagnosis is not None and _fails(diagnosis, fail_on):
+        return EXIT_FINDINGS
+    return ran.exit_status
+
+
+def _report(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...],
+            tries: TrySettings | None) -> Diagnosis | None:
+    """The run's report (a job's: merged), written into its directory; with `tries`, first without its summary, so
+    that it is whole whatever the tries do, then again with what they measured."""
+    if tries is None:
+        return _diagnose_into(run_dir, prepared, formats)
+    diagnosis = _diagnose_into(run_dir, prepared, _without_summary(formats))
+    return None if diagnosis is None else tried_into(diagnosis, run_dir, tries, formats)
+
+
+def _inner_job_report(rank_dir: Path, prepared: PreparedRules, formats: tuple[str, ...],
+                      tries: TrySettings | None) -> Diagnosis | None:
+    """A rank of `torchrun ... -m gpudoctor profile`: its own report (no summary of its own on the terminal), then
+    the job's, merged by the last rank of the node to finish."""
+    from gpudoctor.launch import inner_job
+
+    own = _diagnose_into(rank_dir, prepared, _without_summary(formats))
+    inner_job.mark_done(rank_dir)
+    if not inner_job.take_merge(rank_dir.parent):
+        return own if tries is None or own is None else tried_into(own, rank_dir, tries, formats)
+    try:
+        return _report(rank_dir.parent, prepared, formats, tries)
+    finally:
+        inner_job.merged(rank_dir.parent)
+
+
+def _without_summary(formats: tuple[str, ...]) -> tuple[str, ...]:
+    """The formats but the text summary: a report written before another that the terminal shows."""
+    return tuple(f for f in formats if f != "text")
 
 
 class _RuleArgs(NamedTuple):
@@ -208,16 +241,14 @@ class _RuleArgs(NamedTuple):
     rule_timeout: float | None
 
 
-def _prepare(selection: _RuleArgs) -> PreparedRules:
-    from gpudoctor.diagnose import prepare_rules
-
-    return prepare_rules(_selection(*selection))
+def _prepared(selection: _RuleArgs) -> PreparedRules:
+    return _prepare(_selection(*selection))
 
 
 def _prepare_or_error(selection: _RuleArgs) -> PreparedRules | BaseException:
     """The rules, or what stopped them loading: it is said once the script has ended, never while it runs."""
     try:
-        return _prepare(selection)
+        return _prepared(selection)
     except Exception as exc:  # noqa: BLE001 - the script runs on; the error is reported after it
         return exc
 
@@ -283,57 +314,6 @@ def _remedy(text: str | None) -> Remedy | None:
         raise typer.BadParameter(f"not a remedy: {exc}", param_hint="--remedy") from None
 
 
-def _profile_job(job: TorchrunJob, out: Path | None, rank_options: list[str], prepared: PreparedRules,
-                 formats: tuple[str, ...], fail_on: str | None, tries: TrySettings | None) -> NoReturn:
-    """Run torchrun with `gpudoctor profile` as each rank, then merge the rank bundles into one report (and, with
-    `tries`, try its fixes, each a run of the whole job)."""
-    from gpudoctor.launch.torchrun import run_job
-
-    outcome = run_job(job, out, rank_options)
-    _say_each(outcome.message)
-    first = _without_summary(formats) if tries is not None else formats
-    report = _merge_into(outcome.run_dir, prepared, first)
-    if tries is not None and report is not None:
-        report = tried_into(report, outcome.run_dir, tries, formats)
-    status = outcome.exit_status
-    if status == 0 and report is not None and _fails(report, fail_on):
-        status = EXIT_FINDINGS
-    raise typer.Exit(status)
-
-
-def _merge_into(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
-    """The job's merged report, written into run_dir; a failure is said but never hides torchrun's status."""
-    from gpudoctor.job.merge import diagnose_job
-
-    try:
-        report = diagnose_job([run_dir], prepared)
-        _write(report, run_dir, formats)
-    except GpudoctorError as exc:
-        _say(f"the rank bundles were written to {run_dir}, but the merged report could not be made: {exc}")
-        return None
-    return report
-
-
-def _merge_inner_job(rank_dir: Path, prepared: PreparedRules, formats: tuple[str, ...]) -> Report | None:
-    """A rank of `torchrun ... -m gpudoctor profile`: its own report (no summary of its own on the terminal), then
-    the job's, merged by the last rank of the node to finish."""
-    from gpudoctor.launch import inner_job
-
-    own = _diagnose_into(rank_dir, rank_dir, prepared, _without_summary(formats))
-    inner_job.mark_done(rank_dir)
-    if not inner_job.take_merge(rank_dir.parent):
-        return own
-    try:
-        return _merge_into(rank_dir.parent, prepared, formats)
-    finally:
-        inner_job.merged(rank_dir.parent)
-
-
-def _without_summary(formats: tuple[str, ...]) -> tuple[str, ...]:
-    """The formats but the text summary: a report written before another that the terminal shows."""
-    return tuple(f for f in formats if f != "text")
-
-
 def _stopped_ranks(outcome: ProfileOutcome) -> str | None:
     from gpudoctor.launch import followed  # its samplers' imports are the profile's own, made on use
 
@@ -343,54 +323,6 @@ def _stopped_ranks(outcome: ProfileOutcome) -> str | None:
     which = "a rank" if count == 1 else f"{count} ranks"
     return (f"{which} of the job still ran {followed.RANKS_GRACE_S:g} s after the script's own process ended, "
             "so gpudoctor stopped them.")
-
-
-def _misplaced_options(ctx: typer.Context, request: ProfileRequest, outcome: ProfileOutcome) -> str | None:
-    """When the script refused its arguments (status 2) and gpudoctor's options are among them: where they go."""
-    if outcome.ending != "exit" or outcome.exit_status != 2:
-        return None
-    options = _profile_options(ctx.command)
-    for name in ("-m", "--module"):  # a module is not an option of the script's run: it replaces the script
-        options.pop(name)
-    own, kept = _split_options(request.args, options)
-    if not own:
-        return None
-    typed = ctx.meta[PROFILE_ARGS]
-    before_args = typed[:len(typed) - len(request.args)]  # the script's arguments are the end of what was typed
-    target = _target_start(before_args)  # the moved options go last before it, so that they win over earlier ones
-    names = list(dict.fromkeys(option[0].split("=", 1)[0] for option in own))
-    which = "is a gpudoctor option, which goes" if len(names) == 1 else "are gpudoctor options, which go"
-    moved = [arg for option in own for arg in option]
-    fixed = shlex.join(["gpudoctor", "profile", *before_args[:target], *moved, *before_args[target:], *kept])
-    target_kind = "module" if request.module else "script"
-    return (f"{request.module or request.script} exited with status 2; {_and(names)} {which} before the "
-            f"{target_kind}: {fixed}")
-
-
-def _target_start(before_args: list[str]) -> int:
-    """Where SCRIPT, `-- SCRIPT` or `-m MODULE` starts among the arguments typed before the script's own."""
-    last = len(before_args) - 1
-    return last - 1 if last > 0 and before_args[last - 1] in ("--", "-m", "--module") else last
-
-
-def _split_options(args: list[str], options: dict[str, bool]) -> tuple[list[list[str]], list[str]]:
-    """gpudoctor's options among `args`, each with its value, and the arguments left."""
-    own: list[list[str]] = []
-    kept: list[str] = []
-    i = 0
-    while i < len(args):
-        name = args[i].split("=", 1)[0]
-        width = (2 if options[name] and "=" not in args[i] else 1) if name in options else 0
-        if width:
-            own.append(args[i:i + width])
-        else:
-            kept.append(args[i])
-        i += width or 1
-    return own, kept
-
-
-def _and(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}

@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 def rules_list(rules: RulesOption = None) -> None:
     """List every rule: code, name, category and where it comes from (built-in, package:, file:, module:); then the
     retired codes, with why."""
-    from gpudoctor.diagnose import RuleSelection, load_project_rules
-    from gpudoctor.engine import retired_codes
+    from gpudoctor.engine import RuleSelection, load_project_rules, retired_codes
 
     project = load_project_rules(rules or ())
     selected = {r.code for r in project.selected(RuleSelection())}
@@ -48,8 +47,7 @@ def rules_explain(
     rules: RulesOption = None,
 ) -> None:
     """Show a rule's documentation, its options with their defaults, and the values pyproject.toml sets."""
-    from gpudoctor.diagnose import load_project_rules
-    from gpudoctor.engine import find_rule
+    from gpudoctor.engine import find_rule, load_project_rules
 
     project = load_project_rules(rules or ())
     r = find_rule(project.rules, code, "rules explain")
@@ -70,8 +68,7 @@ def rules_check(rules: RulesOption = None) -> None:
     """Load your team's rules (--rules, pyproject.toml's [tool.gpudoctor], installed packages) as `profile` does,
     and say, rule by rule, which sections of the built-in rules' documentation each docstring lacks ('What it
     detects:', 'Why it matters:', 'Fix:'). A rule without them still loads and runs: these are warnings."""
-    from gpudoctor.diagnose import load_project_rules
-    from gpudoctor.engine import doc_warning
+    from gpudoctor.engine import doc_warning, load_project_rules
 
     project = load_project_rules(rules or ())
     custom = [r for r in project.rules if r.source != "built-in"]

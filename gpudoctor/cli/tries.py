@@ -18,6 +18,7 @@ from gpudoctor.cli.app import (
     TryTimeoutOption,
     _Command,
     _formats,
+    _prepare,
     _selection,
     app,
     tried_into,
@@ -53,23 +54,18 @@ def try_fixes(
                             "recorded as you on this host; one made elsewhere is asked about on a terminal.")] = False,
 ) -> None:
     """Try the fixes of a recorded run."""
+    from gpudoctor import pipeline
     from gpudoctor.bundle import MANIFEST
-    from gpudoctor.bundle.layout import rank_dirs
-    from gpudoctor.diagnose import diagnose, open_run, prepare_rules, refuse_project_inside
-    from gpudoctor.job.layout import is_job_dir
-    from gpudoctor.job.merge import diagnose_job
-    from gpudoctor.trying.consent import confirm_tries
     from gpudoctor.trying.settings import TrySettings
 
     formats = _formats(output_formats)
     if not run_dir.exists():
         raise InputNotFoundError(f"{run_dir} does not exist.")
-    if not (run_dir / MANIFEST).is_file() and not is_job_dir(run_dir):
+    if not (run_dir / MANIFEST).is_file() and not pipeline.is_job([run_dir]):
         raise BundleError(f"{run_dir} is not a run directory of gpudoctor profile: it has no {MANIFEST}.")
-    refuse_project_inside([run_dir])
-    prepared = prepare_rules(_selection(rules, select, ignore, rule_option, rule_timeout))
-    # A torchrun job, or one whose ranks the script started (Lightning, mp.spawn): its ranks' bundles, merged
-    report = diagnose_job([run_dir], prepared) if rank_dirs(run_dir) else diagnose(open_run(run_dir), prepared)
+    pipeline.refuse_project_inside([run_dir])
+    prepared = _prepare(_selection(rules, select, ignore, rule_option, rule_timeout))
+    diagnosis = pipeline.diagnose([run_dir], prepared)  # a job (torchrun's, or ranks the script started): merged
     settings = TrySettings(try_steps, try_timeout, finding)
-    confirmed = confirm_tries(run_dir, report, settings, yes)  # raises unless its user said yes, or nothing runs
-    tried_into(report, run_dir, settings, formats, confirmed)
+    confirmed = pipeline.confirm_tries(diagnosis, settings, yes)  # raises unless its user said yes, or nothing runs
+    tried_into(diagnosis, run_dir, settings, formats, confirmed)

@@ -6,6 +6,7 @@
 - `options`: pyproject.toml's [tool.gpudoctor] and --rule-option, checked against each rule's options;
 - `runner`: each rule run in isolation, its findings as records (gpudoctor.bundle.findings), merged and ranked;
 - `windows`: a run profiled in several windows, its findings combined across them;
+- `project`: a project's rules loaded, checked and selected, with their options, before anything runs;
 - `scaffold` (`gpudoctor rules new`) and `docs` (docs/rules.md's per-rule part) are tools, imported on use.
 """
 
@@ -29,15 +30,24 @@ from gpudoctor.engine.options import (
     parse_cli_options,
     resolve_options,
 )
+from gpudoctor.engine.project import (
+    PreparedRules,
+    ProjectRules,
+    RuleSelection,
+    load_project_rules,
+    prepare_rules,
+    refuse_project_inside,
+)
 from gpudoctor.engine.retired import retired_codes, retired_reason
 from gpudoctor.engine.runner import EngineResult, finding_key, rank, run_rules
-from gpudoctor.engine.windows import Diagnosis, diagnose_windows
+from gpudoctor.engine.windows import RunDiagnosis, WindowStats, diagnose_windows
 from gpudoctor.vocabulary import CATEGORIES, ENTRY_POINT_GROUP, SEVERITIES
 
 __all__ = [
     "BUILTIN_PREFIX", "CATEGORIES", "CODE_PATTERN", "ENTRY_POINT_GROUP", "NAME_PATTERN", "REQUIRED_SECTIONS",
-    "SEVERITIES", "Diagnosis", "EngineResult", "Finding", "ProjectConfig", "Rule", "RuleFunction", "builtin_rules",
-    "diagnose_windows", "doc_warning", "find_rule", "finding_key", "load_project_config", "load_rules",
-    "parse_cli_options", "rank", "resolve_options", "retired_codes", "retired_reason", "rule", "rule_of", "rules_in",
-    "run_rules", "select_rules",
+    "SEVERITIES", "EngineResult", "Finding", "PreparedRules", "ProjectConfig", "ProjectRules", "Rule", "RuleFunction",
+    "RuleSelection", "RunDiagnosis", "WindowStats", "builtin_rules", "diagnose_windows", "doc_warning", "find_rule",
+    "finding_key", "load_project_config", "load_project_rules", "load_rules", "parse_cli_options", "prepare_rules",
+    "rank", "refuse_project_inside", "resolve_options", "retired_codes", "retired_reason", "rule", "rule_of",
+    "rules_in", "run_rules", "select_rules",
 ]

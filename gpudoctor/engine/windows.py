@@ -45,21 +45,23 @@ class WindowResult:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class RunDiagnosis:
+    """What the rules found in one run: over every window of a run profiled with --every."""
+
     run: Run  # the window the report's charts show
     result: EngineResult  # over every window
-    windows: list[WindowStats]  # one row per window, for the report
+    windows: list[WindowStats]  # one row per window, for the report; none for a run of one window
 
 
 def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptions,
-                     limits: RuleLimits | None = None) -> Diagnosis:
+                     limits: RuleLimits | None = None) -> RunDiagnosis:
     checked = as_rules(rules)
     if len(run.windows) < 2:
-        return Diagnosis(run, run_rules(run, checked, options, limits), [])
+        return RunDiagnosis(run, run_rules(run, checked, options, limits), [])
     windows = [run.for_window(info.index) for info in run.windows]
     per_window = [WindowResult(w, run_rules(w, checked, options, limits)) for w in windows]
     result = EngineResult(_findings(per_window), _not_evaluated(per_window), _errors(per_window))
-    return Diagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window])
+    return RunDiagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window])
 
 
 def _impact(impact: float | None) -> float:

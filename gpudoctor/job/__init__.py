@@ -1,6 +1,6 @@
 """A torchrun job: every rank's bundle analysed on its own, then together (the straggler, the ranks table).
 
-`diagnose_job` (gpudoctor.job.merge) makes the merged report; this package's own names are what a job rule
+`diagnose_job` (gpudoctor.job.merge) makes the job's diagnosis; this package's own names are what a job rule
 (`@rule(..., scope="job")`) reads.
 """
 

@@ -20,7 +20,7 @@ from gpudoctor.report.document import RankJson
 @dataclass(frozen=True)
 class RankFigures:
     rank: int
-    median_step_s: float | None  # its report's median step
+    median_step_s: float | None  # its median step (its report's)
     data_wait_s: float | None
     collective_s: float | None  # None: the trace shows no collective
     gpu_idle_s: float | None  # None: no GPU activity measured
@@ -56,13 +56,14 @@ class RankFigures:
         }
 
 
-def rank_figures(rank: int, run: Run, median_step_s: float | None, step_s: float | None, bundle: str) -> RankFigures:
+def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
+    """One rank's figures, from its run: `run` the window its report shows, for a run profiled with --every."""
     steps = run.steps
     exit_info = run.manifest.exit
     collective = collective_s_per_step(run.trace, steps)
     exposed = exposed_per_step(run.trace, steps) or []
     return RankFigures(
-        rank=rank, median_step_s=median_step_s, step_s=step_s,
+        rank=rank, median_step_s=run.reference_step.seconds, step_s=run.pace.reported_s,
         data_wait_s=_median([s.data_wait_s for s in steps]),
         collective_s=_median(collective or []),
         collective_by_step={s.index: c for s, c in zip(steps, collective)} if collective else {},

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpudoctor.bundle.layout import MANIFEST, rank_dirs
+from gpudoctor.bundle.layout import is_job_dir, rank_dirs
 from gpudoctor.errors import BundleError
 
-
-def is_job_dir(path: Path) -> bool:
-    """A torchrun run directory: rank bundles in it, and no bundle of its own."""
-    return path.is_dir() and not (path / MANIFEST).exists() and bool(rank_dirs(path))
+__all__ = ["is_job_dir", "job_bundles"]
 
 
 def job_bundles(paths: Iterable[Path]) -> dict[int, Path]:

@@ -1,9 +1,9 @@
-"""A torchrun job's diagnosis: every rank analysed on its own, then the job's rules over the ranks together.
+"""A torchrun job's diagnosis: every rank analysed once, on its own, then the job's rules over the ranks together.
 
-Each rank's bundle gets its own findings.json and report.html again (its own rules, its own steps); the merged
-report lists the job's findings (a straggler first) and every rank's, one finding per cause: a finding seen on
-several ranks is listed once with the ranks it was seen on, and a slow rank's finding whose time is the others'
-wait is counted in the straggler's finding, not again.
+The merged findings list the job's findings (a straggler first) and every rank's, one finding per cause: a finding
+seen on several ranks is listed once with the ranks it was seen on, and a slow rank's finding whose time is the
+others' wait is counted in the straggler's finding, not again. The reports, each rank's own and the job's, are
+built from the diagnosis when they are written (gpudoctor.job.report).
 """
 
 from __future__ import annotations
@@ -18,39 +18,45 @@ import msgspec
 from gpudoctor.analysis import Run
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.layout import ranks_linked_out
-from gpudoctor.diagnose import PreparedRules, write_outputs
-from gpudoctor.engine import EngineResult, diagnose_windows
+from gpudoctor.engine import EngineResult, PreparedRules, RunDiagnosis, diagnose_windows
 from gpudoctor.engine.runner import evaluate_rules, rank, sized
 from gpudoctor.errors import BundleError
 from gpudoctor.job.figures import rank_figures, with_waits
 from gpudoctor.job.layout import job_bundles
 from gpudoctor.job.model import Job, RankRun
-from gpudoctor.job.report import build_job_report, with_wait
-from gpudoctor.report import build_report
-from gpudoctor.report.document import NotMeasuredRow, Report
+from gpudoctor.report.document import NotMeasuredRow
 
 
 @dataclass(frozen=True)
 class RankDiagnosis:
     rank: RankRun
-    result: EngineResult  # its own rules' findings, not-evaluated rows and errors
-    report: Report  # the rank's own report, before the job's wait is said in it
+    found: RunDiagnosis  # its own rules' findings, not-evaluated rows and errors, over its windows
 
 
-def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path | None = None,
-                 write_ranks: bool = True) -> Report:
-    """The merged report of the rank bundles in `paths` (one run directory per node), to be written into
-    `out_dir` (default: the first path). Each rank's own findings.json and report.html are written again (unless
-    `write_ranks` is False), a rank that waits for another saying so first. A rank-K/ that is a link out of its
+@dataclass(frozen=True)
+class JobDiagnosis:
+    """What the rules found in a job: each rank's own diagnosis, the job rules' findings, and both merged."""
+
+    job: Job
+    ranks: list[RankDiagnosis]  # by rank, each with the job's figures (its wait for the others)
+    job_result: EngineResult  # the job rules' own (scope "job")
+    result: EngineResult  # the job's findings first, then every rank's, one per cause
+    unreadable: list[NotMeasuredRow]  # the ranks whose bundle could not be read, and why
+
+    @property
+    def pace_s(self) -> float | None:
+        return self.job.pace_s
+
+
+def diagnose_job(paths: Sequence[Path], prepared: PreparedRules) -> JobDiagnosis:
+    """The diagnosis of the rank bundles in `paths` (one run directory per node). A rank-K/ that is a link out of its
     run directory is not read: the report says so.
 
     Raises BundleError when no rank bundle can be read at all.
     """
-    bundles = job_bundles(paths)
-    out_dir = out_dir or paths[0]
     diagnosed: list[RankDiagnosis] = []
     unreadable = [_linked_out(link, path) for path in paths for link in ranks_linked_out(path)]
-    for number, bundle in bundles.items():
+    for number, bundle in job_bundles(paths).items():
         try:
             diagnosed.append(_diagnose_rank(number, bundle, prepared))
         except BundleError as exc:  # the other ranks are still worth their report
@@ -60,12 +66,9 @@ def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, out_dir: Path |
                           + "; ".join(row["reason"] for row in unreadable))
     job = _with_waits(Job([d.rank for d in diagnosed]))
     result = run_job_rules(job, prepared)
-    docs = {r.code: r.doc for r in prepared.rules}
-    merged = merged_findings(job, result, [d.result for d in diagnosed])
-    reports = {d.rank.rank: with_wait(d.report, job, result.findings, d.rank.rank) for d in diagnosed}
-    for d in diagnosed if write_ranks else ():
-        write_outputs(reports[d.rank.rank], Path(d.rank.figures.bundle))
-    return build_job_report(job, reports, merged, docs, out_dir, unreadable)
+    merged = merged_findings(job, result, [d.found.result for d in diagnosed])
+    ranks = [replace(d, rank=waiting) for d, waiting in zip(diagnosed, job.ranks)]
+    return JobDiagnosis(job, ranks, result, merged, unreadable)
 
 
 def _linked_out(link: Path, run_dir: Path) -> NotMeasuredRow:
@@ -74,13 +77,9 @@ def _linked_out(link: Path, run_dir: Path) -> NotMeasuredRow:
 
 
 def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDiagnosis:
-    run = Run.from_bundle(bundle)
-    diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
-    report = build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules},
-                          diagnosis.windows)
-    figures = rank_figures(number, diagnosis.run, report["run"]["median_step_s"], report["run"]["step_s"],
-                           os.fspath(bundle))
-    return RankDiagnosis(RankRun(number, diagnosis.run, figures, diagnosis.result.findings), diagnosis.result, report)
+    found = diagnose_windows(Run.from_bundle(bundle), prepared.rules, prepared.options, prepared.limits)
+    figures = rank_figures(number, found.run, os.fspath(bundle))
+    return RankDiagnosis(RankRun(number, found.run, figures, found.result.findings), found)
 
 
 def _with_waits(job: Job) -> Job:

@@ -1,5 +1,6 @@
-"""The merged Report of a torchrun job: the lowest rank's report as the frame (run facts, charts), with the job's
-findings, the ranks table (`run.world_size`, `run.ranks`) and a row per rank linking its own report."""
+"""The reports of a torchrun job: each rank's own, and the merged one, with the lowest rank's report as the frame
+(run facts, charts), the job's findings, the ranks table (`run.world_size`, `run.ranks`) and a row per rank linking
+its own report."""
 
 from __future__ import annotations
 
@@ -11,13 +12,26 @@ from urllib.parse import quote
 from gpudoctor.bundle import REPORT
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.engine import EngineResult
+from gpudoctor.job.merge import JobDiagnosis
 from gpudoctor.job.model import Job, RankRun
+from gpudoctor.report import build_report
 from gpudoctor.report.budget import budget_json
 from gpudoctor.report.document import NotMeasuredRow, RankRow, Report, RunFacts, Status, Summary
 from gpudoctor.report.model import finding_cards
 from gpudoctor.report.units import seconds
 
 FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
+
+
+def job_reports(diagnosis: JobDiagnosis, docs: Mapping[str, str], out_dir: Path) -> tuple[Report, dict[Path, Report]]:
+    """The job's merged report, to be written into `out_dir`, and each rank's own by its bundle, a rank that waits
+    for another saying so first."""
+    job, waits = diagnosis.job, diagnosis.job_result.findings
+    own = {d.rank.rank: with_wait(build_report(d.found.run, d.found.result, docs, d.found.windows), job, waits,
+                                  d.rank.rank)
+           for d in diagnosis.ranks}
+    merged = build_job_report(job, own, diagnosis.result, docs, out_dir, diagnosis.unreadable)
+    return merged, {Path(d.rank.figures.bundle): own[d.rank.rank] for d in diagnosis.ranks}
 
 
 def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: EngineResult, docs: Mapping[str, str],

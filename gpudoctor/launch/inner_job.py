@@ -27,6 +27,12 @@ def merges_itself() -> bool:
     return torchrun_rank() is not None and OUTER_ENV not in os.environ
 
 
+def merged_by_outer() -> bool:
+    """Whether this `gpudoctor profile` is a rank of a job that `gpudoctor profile torchrun ...` runs: that command
+    analyses every rank, once, when torchrun has ended, and writes each rank's report with the job's."""
+    return torchrun_rank() is not None and OUTER_ENV in os.environ
+
+
 def _agent() -> str:
     return str(os.getppid())
 

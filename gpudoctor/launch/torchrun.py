@@ -2,7 +2,8 @@
 
 gpudoctor rewrites the command into the form where gpudoctor runs inside torchrun,
 `python -m torch.distributed.run OPTIONS -m gpudoctor profile --out RUN ... SCRIPT ARGS`, so that each rank is a
-`gpudoctor profile` that writes its own bundle, RUN/rank-K/; the command line then merges them.
+`gpudoctor profile` that writes its own bundle, RUN/rank-K/, and nothing else; when torchrun has ended, the command
+line analyses every rank once and writes each rank's report with the job's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gpudoctor.launch.run_dir import check_script, prepare_run_dir, stamped_dir
 from gpudoctor.launch.supervisor import Supervisor, exit_status_of, start, terminal_sent_to_group
 
 TORCHRUN_MODULE = "torch.distributed.run"
-RANK_FORMATS = "json,html"  # the ranks print no summary of their own: the merged one is printed once, at the end
+RANK_FORMATS = "json,html"  # no summary in a rank: it says how its script ended in a line of its own
 FINE_ENDINGS = ("completed", "max_steps")
 JOB_COMMAND = "torchrun.json"  # in the job's run directory: torchrun's options, the script, its arguments
 

@@ -1,6 +1,6 @@
 """Two runs compared: the step time before and after, the speed-up, and each finding resolved, new or remaining.
 
-Pure analysis over findings.json's records (gpudoctor.bundle.findings): gpudoctor.diffing reads the runs, and
+Pure analysis over findings.json's records (gpudoctor.bundle.findings): gpudoctor.pipeline.diffing reads the runs, and
 report.diff_render formats the result as text, JSON or HTML. A finding in one run is the same finding in the other
 when its rule and its call site match, as the engine merges findings (engine.finding_key): the rule's code, and the
 file and line, or the title for a finding without a location (failing that, a rule's one finding without a

@@ -258,7 +258,7 @@ def _run_facts(run: Run) -> RunFacts:
         "gpus": [g.name for g in env.gpus], "cuda_device": env.cuda_device.name if env.cuda_device else None,
         "cores": env.cores,
         "steps_total": run.steps_in_run, "steps_analysed": len(steps),
-        "median_step_s": reference.seconds, "step_s": _seconds_or_none(pace.seconds), "step_s_basis": pace.basis,
+        "median_step_s": reference.seconds, "step_s": pace.reported_s, "step_s_basis": pace.basis,
         "step_s_steps": pace.steps, "step_s_evaluations": pace.evaluations,
         "step_s_stalls": pace.stalls, "step_source": run.step_source,
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import TextIO
 
 from gpudoctor.bundle.confined import inside
+from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.collect.follow import FOLLOW_ENV, HOOK_DIR
 from gpudoctor.errors import GpudoctorError, TryNotConfirmedError, TryRefusedError
 from gpudoctor.launch.command_record import Provenance, check_record, job_command, script_command
 from gpudoctor.launch.inner_job import OUTER_ENV
 from gpudoctor.launch.torchrun import rank_command
 from gpudoctor.remedy import Remedy
-from gpudoctor.report.document import Report
 from gpudoctor.trying.settings import TrySettings
 from gpudoctor.trying.tries import TRIES_DIR, Diagnosed, cannot_try, chosen, diagnosed_run
 
@@ -54,11 +54,11 @@ class TryCommand:
     recorded: dict[str, object]  # the command as its record covers it
 
 
-def confirm_tries(run_dir: Path, report: Report, settings: TrySettings, yes: bool,
-                  stdin: TextIO | None = None) -> Diagnosed | None:
+def confirm_tries(run_dir: Path, findings: list[FindingRecord], step_s: float | None, settings: TrySettings,
+                  yes: bool, stdin: TextIO | None = None) -> Diagnosed | None:
     """The run as its user confirmed it, for its tries to run; None when no try would run (the tries say why).
     Raises TryRefusedError or TryNotConfirmedError, having shown the command, when nothing is to run."""
-    diagnosed, fixes = _planned(run_dir, report, settings)
+    diagnosed, fixes = _planned(run_dir, findings, step_s, settings)
     if diagnosed is None or not fixes:
         return None
     command = try_command(diagnosed, settings, fixes)
@@ -70,14 +70,15 @@ def confirm_tries(run_dir: Path, report: Report, settings: TrySettings, yes: boo
     return diagnosed
 
 
-def _planned(run_dir: Path, report: Report, settings: TrySettings) -> tuple[Diagnosed | None, dict[Remedy, str]]:
+def _planned(run_dir: Path, findings: list[FindingRecord], step_s: float | None,
+             settings: TrySettings) -> tuple[Diagnosed | None, dict[Remedy, str]]:
     """The run as its tries would repeat it (None when they cannot), and each fix to try with its finding's code."""
     fixes: dict[Remedy, str] = {}
-    for finding in report["findings"]:
-        if chosen(finding, settings) and finding.get("remedy"):
-            fixes.setdefault(Remedy.from_json(finding["remedy"]), finding["code"])
+    for finding in findings:
+        if chosen(finding, settings) and finding.remedy is not None:
+            fixes.setdefault(finding.remedy, finding.code)
     try:
-        diagnosed = diagnosed_run(run_dir, report)
+        diagnosed = diagnosed_run(run_dir, step_s)
     except GpudoctorError:
         return None, fixes
     return (None if cannot_try(diagnosed) else diagnosed), fixes

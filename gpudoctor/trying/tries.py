@@ -1,9 +1,10 @@
 """Try each finding's fix: run the script again with the fix applied at run time, and measure its step.
 
 A try is a `gpudoctor profile` of the same command in the same working directory, with the same profiling window
-and a finding's remedy (gpudoctor.remedy) applied in the script's process, stopped after a bounded number of
-steps and a time limit. Its step is measured as the diagnosed run's is: `run.step_s`, the run's pace, from the
-steps after the window. The tries run one at a time, after the diagnosed run, each into RUN/tries/CODE/ (its
+and a finding's remedy (`FindingRecord.remedy`, a gpudoctor.remedy.Remedy) applied in the script's process, stopped
+after a bounded number of steps and a time limit; what it measured is the finding's `tried`. Its step is measured
+as the diagnosed run's is: the run's pace (`Run.pace`, findings.json's `run.step_s`), from the steps after the
+window. The tries run one at a time, after the diagnosed run, each into RUN/tries/CODE/ (its
 bundle, which `gpudoctor analyze` reports on, the script's output in output.log and the files it wrote in
 outputs/). A job is tried as a whole: a torchrun job by torchrun again (its command kept in the job's directory),
 a job whose ranks the script starts by the script again.
@@ -23,23 +24,24 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
+from gpudoctor.analysis import Run
 from gpudoctor.bundle import EVENTS
 from gpudoctor.bundle.confined import inside, leads_out
 from gpudoctor.bundle.events import EVENT_DECODER, RemedyEvent
-from gpudoctor.bundle.findings import FindingJson, Tried
+from gpudoctor.bundle.findings import FindingRecord, Tried
 from gpudoctor.bundle.jsonio import read_jsonl
-from gpudoctor.bundle.layout import MANIFEST, rank_dirs
+from gpudoctor.bundle.layout import MANIFEST, is_job_dir, rank_dirs
 from gpudoctor.bundle.manifest import Manifest, read_manifest
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.errors import BundleError, GpudoctorError
-from gpudoctor.job.layout import is_job_dir
 from gpudoctor.launch.followed import LAUNCHER_DIR
 from gpudoctor.launch.inner_job import DONE
 from gpudoctor.launch.profile import profile
 from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
-from gpudoctor.report.document import Report
 from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, remove, written_between
 from gpudoctor.trying.settings import TrySettings
 
@@ -109,30 +111,30 @@ class Diagnosed:
         return started, started + self.manifest.duration_s
 
 
-def try_fixes(report: Report, run_dir: Path, settings: TrySettings, say: Callable[[str], None],
-              diagnosed: Diagnosed | None = None) -> Report:
-    """The report with `tried` on each finding chosen: its fix measured, or why it was not. `diagnosed`: the run as
-    its user confirmed it (gpudoctor.trying.consent), else as the run directory has it now."""
+def try_fixes(findings: list[FindingRecord], step_s: float | None, run_dir: Path, settings: TrySettings,
+              say: Callable[[str], None], diagnosed: Diagnosed | None = None) -> list[FindingRecord]:
+    """The findings of the run in `run_dir`, whose step at its pace is `step_s`, with `tried` on each one chosen: its
+    fix measured, or why it was not. `diagnosed`: the run as its user confirmed it (gpudoctor.trying.consent), else
+    as the run directory has it now."""
     try:
-        run = diagnosed or diagnosed_run(run_dir, report)
+        run = diagnosed or diagnosed_run(run_dir, step_s)
         problem = cannot_try(run)
     except GpudoctorError as exc:
         problem = str(exc)
     if problem is not None:
         refused = Tried(status="not_applicable", reason=problem)
-        return _with_tried(report, settings, lambda f: refused)
+        return _with_tried(findings, settings, lambda f: refused)
     tries = _Tries(run, settings, say)
     try:
-        return _with_tried(report, settings, tries.one)
+        return _with_tried(findings, settings, tries.one)
     finally:
         tries.close()
 
 
-def diagnosed_run(run_dir: Path, report: Report) -> Diagnosed:
+def diagnosed_run(run_dir: Path, step_s: float | None) -> Diagnosed:
     """The run as its tries repeat it: its manifest; for a job whose ranks the script started, the script's own
     (launcher/, or its first rank's when the script trained as one, as Lightning's does); for a torchrun job that
     gpudoctor started, its command and its first rank's manifest."""
-    step_s = report["run"].get("step_s")
     if not is_job_dir(run_dir):
         return Diagnosed(run_dir, read_manifest(run_dir), step_s)
     command = read_job_command(run_dir)
@@ -163,19 +165,15 @@ def cannot_try(diagnosed: Diagnosed) -> str | None:
     return None
 
 
-def chosen(finding: dict[str, object] | FindingJson, settings: TrySettings) -> bool:
+def chosen(finding: FindingRecord, settings: TrySettings) -> bool:
     """Whether the finding's fix is to be tried (--finding)."""
-    return settings.finding is None or str(finding["code"]).startswith(settings.finding)
+    return settings.finding is None or finding.code.startswith(settings.finding)
 
 
-def _with_tried(report: Report, settings: TrySettings, tried_for: Callable[[dict[str, object]], Tried]) -> Report:
-    findings = []
-    for finding in report["findings"]:
-        findings.append({**finding, "tried": tried_for(dict(finding)).to_json()} if chosen(finding, settings)
-                        else finding)
-    cards = [{**card, "finding": findings[i]} for i, card in enumerate(report["cards"])] if (
-        len(report["cards"]) == len(findings)) else report["cards"]
-    return {**report, "findings": findings, "cards": cards}  # type: ignore[typeddict-item]
+def _with_tried(findings: list[FindingRecord], settings: TrySettings,
+                tried_for: Callable[[FindingRecord], Tried]) -> list[FindingRecord]:
+    """Each chosen finding with what its try gave."""
+    return [msgspec.structs.replace(f, tried=tried_for(f)) if chosen(f, settings) else f for f in findings]
 
 
 class _Tries:
@@ -194,11 +192,10 @@ class _Tries:
         if self.kept is not None:
             self.kept.discard()
 
-    def one(self, finding: dict[str, object]) -> Tried:
-        code = str(finding["code"])
-        if not finding.get("remedy"):
+    def one(self, finding: FindingRecord) -> Tried:
+        code, remedy = finding.code, finding.remedy
+        if remedy is None:
             return Tried(status="not_applicable", reason=NOT_AT_RUN_TIME.get(code, NOT_AT_RUN_TIME_DEFAULT))
-        remedy = Remedy.from_json(finding["remedy"])
         if remedy in self.measured:
             return self.measured[remedy]
         if self.kept is None and self.refused is None:
@@ -319,10 +316,8 @@ def measure(diagnosed: Diagnosed, folder: Path, remedy: Remedy, outcome: Ended, 
 def _pace(folder: Path) -> tuple[float, int] | None:
     """The try's step at its pace, as the diagnosed run's (run.step_s), and the steps it is the mean of: a job's,
     whose ranks the script started, is its slowest rank's, as the job's report gives it."""
-    from gpudoctor.diagnose import open_run
-
     bundles = list(rank_dirs(folder).values()) or [folder]
-    paces = [open_run(bundle).pace for bundle in bundles]
+    paces = [Run.from_bundle(bundle).pace for bundle in bundles]
     slowest = max(paces, key=lambda pace: pace.seconds or 0.0)
     return (slowest.seconds, slowest.steps) if slowest.seconds else None
 

@@ -18,22 +18,15 @@ from gpudoctor.bundle import FINDINGS, SCHEMA_VERSION
 from gpudoctor.bundle.confined import bundle_file
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.jsonio import decode_error
-from gpudoctor.diagnose import (
-    RuleSelection,
-    diagnose,
-    load_project_rules,
-    open_run,
-    prepare_rules,
-    refuse_project_inside,
-)
+from gpudoctor.engine.project import RuleSelection, load_project_rules, prepare_rules, refuse_project_inside
 from gpudoctor.errors import BundleError, InputNotFoundError, OutputNotWritableError
-from gpudoctor.job import is_job_dir
-from gpudoctor.job.merge import diagnose_job
+from gpudoctor.pipeline.diagnosis import diagnose
+from gpudoctor.pipeline.writing import report_of
 from gpudoctor.report.diff import RunDiff, RunFindings, Source, canonical_codes, compare
+from gpudoctor.report.diff_render import render_diff
 from gpudoctor.report.render import findings_document
-from gpudoctor.ui.trace_progress import TraceProgress
 
-__all__ = ["compare_runs", "read_run", "write_file"]
+__all__ = ["compare_runs", "diff_text", "read_run", "write_file"]
 
 MAX_FINDINGS_BYTES = 256 << 20  # findings.json holds at most 1,000 findings per rule: a file this large is not one
 
@@ -85,15 +78,10 @@ def _read_findings(path: Path) -> _FindingsFile:
 
 
 def _analysed(run_dir: Path, rule_paths: Sequence[str], progress: IO[str] | None) -> _FindingsFile:
-    """A bundle without findings.json, analysed now as `gpudoctor analyze` would, its findings read back typed
-    (nothing is written into it, not even its ranks' reports)."""
-    if is_job_dir(run_dir):  # a torchrun job's run directory: its ranks, merged
-        report = diagnose_job([run_dir], prepare_rules(RuleSelection(paths=tuple(rule_paths))), write_ranks=False)
-        return msgspec.convert(findings_document(report), _FindingsFile)
-    run = open_run(run_dir)
-    run.trace_progress = TraceProgress.on_terminal(progress) if progress is not None else None
-    document = findings_document(diagnose(run, prepare_rules(RuleSelection(paths=tuple(rule_paths)))))
-    return msgspec.convert(document, _FindingsFile)
+    """A bundle (or a job's run directory) without findings.json, analysed now as `gpudoctor analyze` would, its
+    findings read back typed (nothing is written into it, not even its ranks' reports)."""
+    diagnosis = diagnose([run_dir], prepare_rules(RuleSelection(paths=tuple(rule_paths))), progress)
+    return msgspec.convert(findings_document(report_of(diagnosis)), _FindingsFile)
 
 
 def _read(path: Path, rule_paths: Sequence[str], progress: IO[str] | None) -> tuple[_FindingsFile, Source]:
@@ -124,6 +112,12 @@ def compare_runs(before: Path, after: Path, rule_paths: Sequence[str] = (), prog
     refuse_project_inside((before, after))
     canonical = canonical_codes(load_project_rules(rule_paths).rules)
     return compare(read_run(before, rule_paths, progress), read_run(after, rule_paths, progress), canonical)
+
+
+def diff_text(before: Path, after: Path, rule_paths: Sequence[str], output_format: str,
+              progress: IO[str] | None = None) -> str:
+    """The comparison of two runs, rendered as text, json or html."""
+    return render_diff(compare_runs(before, after, rule_paths, progress), output_format)
 
 
 def write_file(path: Path, text: str) -> None:

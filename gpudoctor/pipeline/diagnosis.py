@@ -1,0 +1,112 @@
+"""The diagnosis of a run or a job: the one choice between them, the rules run once, and the fixes tried on the
+findings."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from gpudoctor.analysis import Run
+from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.engine import EngineResult, PreparedRules, RunDiagnosis, WindowStats, diagnose_windows
+from gpudoctor.job import Job
+from gpudoctor.job.merge import JobDiagnosis, diagnose_job
+from gpudoctor.pipeline.inputs import is_job, open_run
+from gpudoctor.trying.settings import TrySettings
+from gpudoctor.ui.trace_progress import TraceProgress
+from gpudoctor.vocabulary import SEVERITIES
+
+if TYPE_CHECKING:
+    from gpudoctor.trying.tries import Diagnosed
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What the rules found in one run, or in a job of ranks; its report is built when it is written.
+
+    `found` is a run's (the run, as the window its charts show; its rules' result over every window; a row per
+    window) or a job's (each rank's own, the job rules', and both merged). `source` is what was analysed: a run
+    directory or a trace, or a job's first run directory."""
+
+    found: RunDiagnosis | JobDiagnosis
+    docs: Mapping[str, str]  # each rule's full documentation, by code, for the report's cards
+    source: Path
+
+    @property
+    def subject(self) -> Run | Job:
+        return self.found.run if isinstance(self.found, RunDiagnosis) else self.found.job
+
+    @property
+    def result(self) -> EngineResult:
+        return self.found.result
+
+    @property
+    def findings(self) -> list[FindingRecord]:
+        return self.found.result.findings
+
+    @property
+    def windows(self) -> list[WindowStats]:
+        return self.found.windows if isinstance(self.found, RunDiagnosis) else []
+
+    @property
+    def pace_s(self) -> float | None:
+        """The step at the run's pace (a job's: its slowest rank's), as findings.json gives it: what savings and
+        tries are measured against."""
+        return self.found.run.pace.reported_s if isinstance(self.found, RunDiagnosis) else self.found.pace_s
+
+    @property
+    def out_dir(self) -> Path:
+        """Where its report goes unless told: the run directory, or the folder of the trace analysed."""
+        return self.source if self.source.is_dir() else self.source.parent
+
+    def with_findings(self, findings: list[FindingRecord]) -> Diagnosis:
+        result = dataclasses.replace(self.found.result, findings=findings)
+        return dataclasses.replace(self, found=dataclasses.replace(self.found, result=result))
+
+
+def diagnose(paths: Sequence[Path], rules: PreparedRules, progress: IO[str] | None = None) -> Diagnosis:
+    """The diagnosis of a run directory or a trace, or of a job's run directories (one per node); `progress`, a
+    terminal, is shown how far a large trace has been read."""
+    if is_job(paths):
+        return Diagnosis(diagnose_job(paths, rules), rules.docs, paths[0])
+    run = open_run(paths[0])
+    if progress is not None:
+        run.trace_progress = TraceProgress.on_terminal(progress)  # None unless it is a terminal
+    return diagnose_run(run, rules)
+
+
+def diagnose_run(run: Run, rules: PreparedRules) -> Diagnosis:
+    """The diagnosis of a run already open."""
+    found = diagnose_windows(run, rules.rules, rules.options, rules.limits)
+    return Diagnosis(found, rules.docs, run.path if run.path is not None else Path("."))
+
+
+# The tries are imported when they are made: they start processes (launch/), which the analysis alone never does.
+def try_fixes(diagnosis: Diagnosis, settings: TrySettings, say: Callable[[str], None],
+              confirmed: Diagnosed | None = None) -> Diagnosis:
+    """The diagnosis with each chosen finding's fix tried (`tried`): the run again with its remedy, into the run
+    directory's tries/; `say` is told of each try as it starts. `confirmed`: the run as its user confirmed it
+    (`confirm_tries`), else as its directory has it now."""
+    from gpudoctor.trying.tries import try_fixes as tried
+
+    findings = tried(diagnosis.findings, diagnosis.pace_s, diagnosis.source, settings, say, confirmed)
+    return diagnosis.with_findings(findings)
+
+
+def confirm_tries(diagnosis: Diagnosis, settings: TrySettings, yes: bool) -> Diagnosed | None:
+    """The run as its user confirmed it, once shown the command its tries would run (gpudoctor.trying.consent);
+    None when no try would run. Raises TryRefusedError or TryNotConfirmedError when nothing is to run."""
+    from gpudoctor.trying.consent import confirm_tries as confirmed
+
+    return confirmed(diagnosis.source, diagnosis.findings, diagnosis.pace_s, settings, yes)
+
+
+def fails(diagnosis: Diagnosis, fail_on: str | None) -> bool:
+    """Whether a finding is at least as severe as `fail_on` (--fail-on); never without one."""
+    if fail_on is None:
+        return False
+    threshold = SEVERITIES.index(fail_on)
+    return any(SEVERITIES.index(f.severity) >= threshold for f in diagnosis.findings)
