@@ -174,7 +174,7 @@ def test_a_long_run_stays_a_small_page(tmp_path: Path) -> None:
 
 
 def test_source_snippet_is_shown_only_when_the_file_is_here(tmp_path: Path) -> None:
-    from gpudoctor.report.model import source_snippet
+    from gpudoctor.report.cards import source_snippet
 
     source = tmp_path / "train.py"
     source.write_text("".join(f"x{n} = {n}\n" for n in range(1, 21)))

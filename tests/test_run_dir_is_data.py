@@ -148,7 +148,7 @@ def test_the_kept_outputs_are_never_written_through_a_link(tmp_path: Path, elsew
 
 def test_the_report_shows_source_lines_of_python_files_only(tmp_path: Path) -> None:
     """A received bundle's finding that points at a file of the reader's that is not Python shows no lines of it."""
-    from gpudoctor.report.model import source_snippet
+    from gpudoctor.report.cards import source_snippet
 
     secret = tmp_path / ".netrc"
     secret.write_text("machine example.com login me password hunter2\n")

@@ -16,8 +16,8 @@ from gpudoctor.job.merge import JobDiagnosis
 from gpudoctor.job.model import Job, RankRun
 from gpudoctor.report import build_report
 from gpudoctor.report.budget import budget_json
+from gpudoctor.report.cards import finding_cards
 from gpudoctor.report.document import NotMeasuredRow, RankRow, Report, RunFacts, Status, Summary
-from gpudoctor.report.model import finding_cards
 from gpudoctor.report.units import seconds
 
 FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")

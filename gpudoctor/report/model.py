@@ -11,15 +11,13 @@ gpudoctor/schemas/findings.schema.json); the rest feeds report.html:
   the whole run, bucketed to at most MAX_POINTS points so that a long run stays a small page;
 - `charts.kernels`: the kernel-duration histogram, whenever the trace has GPU kernels (not only when a launch-bound
   rule fires: the shape is worth a look on any run, and `launch_bound` says when a small-batch finding points at it);
-- `cards`: one per finding, with the user's source lines around its location (read now, if the file is still
-  there) and the rule's full documentation.
+- `cards` (report.cards): one per finding, with the user's source lines around its location (read now, if the file
+  is still there) and the rule's full documentation.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
-import re
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,22 +29,21 @@ from gpudoctor.analysis.summary import PhaseTime, breakdown
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Location, StartedProcess, Step
 from gpudoctor.bundle import SCHEMA_VERSION
-from gpudoctor.bundle.findings import FindingJson, FindingRecord, LocationJson
+from gpudoctor.bundle.findings import FindingRecord, LocationJson
 from gpudoctor.bundle.manifest import Target, WindowSettings
 from gpudoctor.engine import EngineResult
 from gpudoctor.engine.windows import WindowStats
 from gpudoctor.report.budget import budget_json, host_lines_json
+from gpudoctor.report.cards import MAX_SOURCE_LINE, card, created_at
 from gpudoctor.report.charts import PHASE_LABELS, kernel_chart, step_chart, timeline_chart
 from gpudoctor.report.document import (
     BreakdownJson,
-    Card,
     ExceptionFacts,
     Links,
     NotMeasuredRow,
     PhaseRow,
     Report,
     RunFacts,
-    SourceSnippet,
     Status,
     StepRow,
     WindowRow,
@@ -54,16 +51,13 @@ from gpudoctor.report.document import (
 )
 from gpudoctor.report.units import seconds
 
-__all__ = ["MAX_POINTS", "build_report", "doc_paragraphs", "finding_cards", "link_outputs", "source_snippet"]
+__all__ = ["MAX_POINTS", "build_report", "link_outputs"]
 
 COLLECTOR_LABELS = {
     "host": "host and process samples", "nvml": "GPU samples (NVML)", "profiler": "profiler trace",
     "nvtx": "NVTX ranges for Nsight Systems", "cuda_trace": "GPU activity in the profiler trace",
     "cupti_detach": "the pace of the steps after the window",
 }
-SOURCE_CONTEXT = 3  # lines shown either side of a finding's line
-MAX_SOURCE_BYTES = 5_000_000
-MAX_SOURCE_LINE = 200
 
 
 def _step_row(step: Step) -> StepRow:
@@ -274,79 +268,6 @@ def _run_facts(run: Run) -> RunFacts:
     }
 
 
-# -- finding cards ---------------------------------------------------------------------------------
-def _source_path(file: str, run_cwd: str | None) -> Path | None:
-    """The file as recorded; a relative one from the run's working directory; a run made in another checkout of
-    the same project from here. A Python file only (.py): a run directory from elsewhere names what it likes, and
-    its report must not copy lines of the reader's other files (keys, tokens) into a page they may send back."""
-    path = Path(file)
-    if path.suffix != ".py":
-        return None
-    candidates = [path] if path.is_absolute() else [Path(run_cwd or ".") / path, path]
-    if path.is_absolute() and run_cwd and path.is_relative_to(run_cwd):
-        candidates.append(Path.cwd() / path.relative_to(run_cwd))
-    for candidate in candidates:
-        try:
-            if candidate.is_file() and candidate.stat().st_size <= MAX_SOURCE_BYTES:
-                return candidate
-        except OSError:
-            continue
-    return None
-
-
-def _created(run: Run) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(str(run.manifest.created)).timestamp()
-    except ValueError:
-        return None
-
-
-def source_snippet(location: LocationJson | None, run_cwd: str | None = None,
-                   created: float | None = None) -> SourceSnippet | None:
-    """The lines around a finding's location, read now; None when the file is not here (or has no such line)."""
-    if not location or not location.get("file") or not location.get("line"):
-        return None
-    path = _source_path(str(location["file"]), run_cwd)
-    if path is None:
-        return None
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        changed = created is not None and path.stat().st_mtime > created
-    except (OSError, ValueError):
-        return None
-    line = int(location["line"])
-    if not 1 <= line <= len(lines):
-        return None
-    numbers = range(max(1, line - SOURCE_CONTEXT), min(len(lines), line + SOURCE_CONTEXT) + 1)
-    return {
-        "file": str(path), "line": line, "changed_since_run": changed,
-        "lines": [{"number": n, "text": _shown_line(lines[n - 1]), "highlight": n == line} for n in numbers],
-    }
-
-
-def _shown_line(text: str) -> str:
-    """A source line as the snippet shows it: whole (the page wraps it), or cut with a mark past MAX_SOURCE_LINE."""
-    return text if len(text) <= MAX_SOURCE_LINE else text[:MAX_SOURCE_LINE] + " …"
-
-
-def doc_paragraphs(doc: str | None) -> list[str]:
-    """A rule's docstring as paragraphs, each one line (the renderer marks up `code`)."""
-    if not doc:
-        return []
-    return [" ".join(line.strip() for line in p.splitlines()) for p in re.split(r"\n\s*\n", doc.strip()) if p.strip()]
-
-
-def _card(index: int, record: FindingRecord, shown: FindingJson, run: Run, docs: Mapping[str, str],
-          created: float | None) -> Card:
-    """A finding's card: `shown` is the record as findings.json has it, which the template reads."""
-    return {
-        "id": f"finding-{index + 1}", "finding": shown,
-        "impact_percent": None if record.impact is None else round(record.impact * 100, 1),
-        "source": source_snippet(shown["location"], run.manifest.cwd, created),
-        "doc": doc_paragraphs(docs.get(record.code) or record.doc),
-    }
-
-
 def _idle_share(run: Run) -> float | None:
     """The share of the step the GPU idles: the budget's idle slices (its data wait is every step's, as the
     savings are), else the analysed steps' idle time."""
@@ -354,12 +275,6 @@ def _idle_share(run: Run) -> float | None:
     if budget is None:
         return run.gpu_idle_share
     return budget.idle_share
-
-
-def finding_cards(records: list[FindingRecord], run: Run, docs: Mapping[str, str]) -> list[Card]:
-    """A card for each finding, its source lines read from `run`'s working directory."""
-    created = _created(run)
-    return [_card(i, record, record.to_json(), run, docs, created) for i, record in enumerate(records)]
 
 
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
@@ -371,7 +286,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     """
     steps = run.steps
     idle = _idle_share(run)
-    created = _created(run)
+    created = created_at(run)
     problems = _problems(result.findings)
     not_measured = _not_measured(run)
     status = _status(result.findings, steps, not_measured)
@@ -396,7 +311,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "charts": {
             "steps": step_chart(steps), "timeline": timeline_chart(run), "kernels": kernel_chart(run, launch_bound),
         },
-        "cards": [_card(i, f, shown, run, docs or {}, created)
+        "cards": [card(i, f, shown, run, docs or {}, created)
                   for i, (f, shown) in enumerate(zip(result.findings, findings))],
         "links": _links(run),
         "windows": _windows(run, windows or []),
@@ -414,7 +329,7 @@ def _links(run: Run) -> Links:
 
 def _windows(shown: Run, rows: list[WindowStats]) -> list[WindowRow]:
     """The windows' rows with their start as seconds into the run, and which one the charts show."""
-    started = _created(shown)
+    started = created_at(shown)
     return [{**row, "start_s": None if started is None else max(0.0, row["start"] - started),
              "charted": row["index"] == shown.window} for row in rows]
 
