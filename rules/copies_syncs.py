@@ -18,7 +18,7 @@ PINNED_LINK_EFFICIENCY = 0.6
 
 def _pinned_copy_bps(run: Run) -> float | None:
     """The host-to-device rate a pinned copy can expect on this run's GPU link, from NVML's PCIe facts."""
-    gpu = next(iter(run.env.gpus), None)
+    gpu = next(iter(run.host.env.gpus), None)
     if gpu is None:
         return None
     lane, width = PCIE_LANE_BPS.get(gpu.pcie_gen or 0), gpu.pcie_width
@@ -26,14 +26,14 @@ def _pinned_copy_bps(run: Run) -> float | None:
 
 
 def _per_step(run: Run) -> tuple[int, float]:
-    """How many steps the call sites add up (`run.site_steps`), and the analysed steps' mean wall time.
+    """How many steps the call sites add up (`run.step_view.site_steps`), and the analysed steps' mean wall time.
 
     Not evaluated when several Python threads share the work: their host times overlap and add up to more
     than the step, and the GIL they take turns on (GD501) is what the time goes to."""
     steps = run.require_steps()
-    if (run.python_threads_sharing or 1) > 1:
+    if (run.host.python_threads_sharing or 1) > 1:
         raise NotEvaluated("several Python threads share the work: a line's host time is not a share of the step")
-    return run.site_steps, statistics.fmean(s.wall_s for s in steps)
+    return run.step_view.site_steps, statistics.fmean(s.wall_s for s in steps)
 
 
 def _copy_evidence(site: CopySite, steps: int) -> dict[str, object]:
@@ -47,7 +47,7 @@ def _copy_evidence(site: CopySite, steps: int) -> dict[str, object]:
 def _pinned_batches(run: Run) -> Remedy | None:
     """Where the script iterates a DataLoader that does not pin its batches, the fix `--try-fixes` applies: pinned
     batches, and non_blocking copies of them (a copy whose source is not a batch is left as it is)."""
-    loader = run.loader.main
+    loader = run.sites.loader.main
     if loader is None or loader.pin_memory:
         return None
     return Remedy(loader=LoaderRemedy(at=loader.built_at, pin_memory=True), non_blocking_batches=True)
@@ -71,7 +71,7 @@ def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[
     """
     steps, wall = _per_step(run)
     link = _pinned_copy_bps(run)
-    for site in run.copies:
+    for site in run.sites.copies:
         share = site.host_s / steps / wall
         if site.direction != "h2d" or site.pinned or share < min_share:
             continue
@@ -99,7 +99,7 @@ def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
     `non_blocking=True` so the code says what happens.
     """
     steps, wall = _per_step(run)
-    for site in run.copies:
+    for site in run.sites.copies:
         if site.direction == "h2d" and site.non_blocking and site.pinned is False:
             yield Finding(
                 "non_blocking=True on a copy from unpinned memory: the copy still blocks",
@@ -122,7 +122,7 @@ def device_to_host_copy_in_step(run: Run, min_mb_per_step: float = 1.0, min_shar
     `non_blocking=True` and read it after an event.
     """
     steps, wall = _per_step(run)
-    for site in run.copies:
+    for site in run.sites.copies:
         share = site.host_s / steps / wall
         if site.direction != "d2h" or (site.bytes / steps / MB < min_mb_per_step and share < min_share):
             continue
@@ -165,7 +165,7 @@ def _sync_fix(site: SyncSite) -> str:
 
 
 def _stall_share(run: Run, wall: float) -> float | None:
-    stall = run.sync_stall_s  # summed over the analysed steps
+    stall = run.gpu_work.sync_stall_s  # summed over the analysed steps
     return None if stall is None else stall / (wall * len(run.steps))
 
 
@@ -201,7 +201,7 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     GPU timeline, the host time blocked is the cost.
     """
     steps, wall = _per_step(run)
-    sites: list[SyncSite] = run.syncs
+    sites: list[SyncSite] = run.sites.syncs
     calls = sum(s.count for s in sites) or 1
     budget = run.budget
     stall = budget.share_of("sync_point") if budget is not None else _stall_share(run, wall)
@@ -259,7 +259,7 @@ def copy_not_overlapped(run: Run, min_share: float = 0.05, max_overlapped: float
     if copy_s <= 0 or exposed / wall < min_share or overlapped / copy_s > max_overlapped:
         return
     compute = sum(s.gpu_compute_s or 0.0 for s in steps)
-    site = next((c for c in run.copies if c.direction == "h2d"), None)
+    site = next((c for c in run.sites.copies if c.direction == "h2d"), None)
     yield Finding(
         f"Host-to-device copies take {exposed / wall:.0%} of the step with no compute beside them",
         impact=min(exposed, compute) / wall, location=site.location if site else None,

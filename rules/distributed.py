@@ -93,7 +93,7 @@ def straggler_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> 
     """Why `slow` is late: its data wait, or its GPU's compute, when that explains at least half the others' wait;
     else its own largest finding."""
     extra_wait = (slow.figures.data_wait_s or 0.0) - (_median_of(f.data_wait_s for f in others) or 0.0)
-    loader = slow.run.loader.main
+    loader = slow.run.sites.loader.main
     if extra_wait >= DATA_CAUSE_SHARE * wait_s:
         workers = f" ({loader.num_workers} workers)" if loader is not None else ""
         said = (f"its input pipeline{workers}: it waits {_ms(slow.figures.data_wait_s)} ms a step for data, the "
@@ -201,4 +201,4 @@ def communication_exposed(job: Job, min_accumulation_share: float = 0.15, min_ex
 
 def _backward_location(job: Job) -> Location | None:
     """Where the training loop calls backward(), as the first rank that saw it recorded."""
-    return next((r.run.backward_location for r in job.ranks if r.run.backward_location is not None), None)
+    return next((r.run.sites.backward_location for r in job.ranks if r.run.sites.backward_location is not None), None)

@@ -21,7 +21,7 @@ from gpudoctor.analysis import (
 
 
 def _loader(run: Run) -> LoaderInfo:
-    loader = run.loader.main
+    loader = run.sites.loader.main
     if loader is None:
         raise NotEvaluated("the script iterated no DataLoader")
     return loader
@@ -42,7 +42,7 @@ def _compute_s(run: Run, wall: float, wait: float) -> float:
     (from the trace) is the better measure when there is one.
     """
     host = max(wall - wait, 1e-6)
-    gpu = run.gpu_work_per_step_s
+    gpu = run.gpu_work.per_step_s
     return max(host, gpu) if gpu is not None else host
 
 
@@ -64,8 +64,8 @@ def _suggested_workers(run: Run, load_s: float, compute_s: float) -> Workers:
     limit = max(2, int(cores or 2) - 1)
     count = max(1, min(limit, max(2, needed)))
     if count == limit and needed > limit:
-        ranks = run.env.ranks_on_host
-        shared = f" (the host's {run.env.cores} shared by {ranks} ranks)" if ranks > 1 else ""
+        ranks = run.host.env.ranks_on_host
+        shared = f" (the host's {run.host.env.cores} shared by {ranks} ranks)" if ranks > 1 else ""
         return Workers(count, f"as many as the {cores:g} cores{shared} allow, one kept for the training process")
     return Workers(count, f"enough to load a batch ({load_s * 1e3:.1f} ms) in parallel within the step's "
                           f"{compute_s * 1e3:.1f} ms of compute")
@@ -73,18 +73,18 @@ def _suggested_workers(run: Run, load_s: float, compute_s: float) -> Workers:
 
 def _cores_evidence(run: Run) -> dict[str, object]:
     """The cores the suggestion is made within: the host's, and this rank's share where ranks share the host."""
-    shared = run.env.ranks_on_host
+    shared = run.host.env.ranks_on_host
     if shared <= 1:
-        return {"cores available": run.env.cores}
+        return {"cores available": run.host.env.cores}
     share = cores_per_rank(run)
-    return {"cores available": run.env.cores, "ranks on this host": shared,
+    return {"cores available": run.host.env.cores, "ranks on this host": shared,
             "cores per rank": round(share, 1) if share is not None else None}
 
 
 def _uses_a_gpu(run: Run) -> bool:
     """Whether the script computed on a GPU: pinned batches only help a copy to one (on a CPU-only run torch
     warns that pin_memory has no accelerator to pin for)."""
-    return run.env.cuda_device is not None or run.gpu is not None
+    return run.host.env.cuda_device is not None or run.gpu is not None
 
 
 def _where_set(run: Run, loader: LoaderInfo) -> Location | None:
@@ -277,7 +277,7 @@ def loader_cpu_bound(run: Run, min_wait_share: float = 0.15, busy_host_share: fl
     starved = _starvation(run)
     share = starved.share
     host = run.require_host_samples().host
-    cores = run.env.cores or 1
+    cores = run.host.env.cores or 1
     busy_cores = statistics.fmean(p.values["busy_cores"] for p in host)
     own = [p.values["tree_cores"] for p in host if p.values.get("tree_cores") is not None]
     own_share = statistics.fmean(own) / busy_cores if own and busy_cores else 1.0

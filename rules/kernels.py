@@ -46,7 +46,7 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     run.require_gpu()
     run.require_steps()
     launches = run.gpu_work.launches  # the placed steps' shares and kernels (analysis.gpu_work.Launches)
-    if launches is None or (run.python_threads_sharing or 1) > 1:
+    if launches is None or (run.host.python_threads_sharing or 1) > 1:
         return
     busy, stalled = launches.busy_share, launches.stalled_share
     if busy + stalled >= max_busy_share or launches.wait_share >= max_wait_share:
@@ -62,7 +62,7 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         idle = budget.idle_share
         impact = min(impact, budget.share_of("small_batch"))
         busy = 1 - idle
-    loader = run.loader.main
+    loader = run.sites.loader.main
     batch = loader.batch_size if loader else None
     headroom, growth = run.memory_headroom, run.batch_growth
     evidence = {"GPU busy": (round(busy * 100), "%"), "kernels per step": round(launches.kernels_per_step),
@@ -76,7 +76,7 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     yield Finding(
         f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
         impact=impact, location=settings_location(run, loader) or (loader.location if loader else None)
-        or run.forward_location,
+        or run.sites.forward_location,
         evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(run, batch, growth, headroom)}",
     )
 
@@ -97,10 +97,10 @@ def _larger_batch(run: Run, batch: int | None, growth: BatchGrowth | None, headr
 
 def _fewer_launches(run: Run) -> str:
     """How to cut launches, from what the step does already."""
-    if run.replays_cuda_graphs:
+    if run.gpu_work.replays_cuda_graphs:
         return ("compile what launches outside the CUDA graphs the step replays already (the optimizer step: "
                 "torch.compile a function that calls optimizer.step())")
-    if run.forward_module == "OptimizedModule":
+    if run.sites.forward_module == "OptimizedModule":
         return 'replay the compiled model as CUDA graphs: torch.compile(model, mode="reduce-overhead")'
     setting = compile_setting(run)
     if setting is not None:

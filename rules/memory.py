@@ -30,7 +30,7 @@ def host_memory_pressure(
     """
     samples = run.require_host_samples().host
     swap = [_swap_bps(p) for p in samples if _swap_bps(p) is not None]
-    total = run.env.memory_total
+    total = run.host.env.memory_total
     available = [p.values["mem_available"] for p in samples if p.values.get("mem_available") is not None]
     if not swap and not (available and total):
         raise NotEvaluated("the host samples have neither swap traffic nor available memory")
@@ -38,7 +38,7 @@ def host_memory_pressure(
     lowest = min(available) / total if available and total else None
     if swap_mb_s < min_swap_mb_per_s and (lowest is None or lowest >= min_available_share):
         return
-    rss = max((p.rss_max for p in run.processes), default=0)
+    rss = max((p.rss_max for p in run.host.processes), default=0)
     evidence = {"swap traffic": (round(swap_mb_s, 2), "MB/s"),
                 "lowest available memory": (round(lowest * 100, 1), "%") if lowest is not None else None,
                 "largest process RSS": (round(rss / MB), "MB")}

@@ -28,21 +28,21 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     Fix: one process per worker stream (`torch.multiprocessing` with spawn), or a single thread that
     launches batched work; keep Python-heavy preprocessing in DataLoader worker processes.
     """
-    if run.env.gil_enabled is False:
+    if run.host.env.gil_enabled is False:
         return
     processes = run.require_processes()
     gil = run.require_gil()
     main = next((p for p in processes if p.role == "main"), None)
     if main is None:
         return
-    threads = run.user_threads
-    switch = run.env.switch_interval_s or DEFAULT_SWITCH_INTERVAL_S
+    threads = run.host.user_threads
+    switch = run.host.env.switch_interval_s or DEFAULT_SWITCH_INTERVAL_S
     delay = statistics.fmean(g.mean_s for g in gil)
-    python_ids = run.python_thread_ids  # intra-op and CUDA threads run without the GIL: only Python's count
+    python_ids = run.host.python_thread_ids  # intra-op and CUDA threads run without the GIL: only Python's count
     busy = main.sharing_among(python_ids) if python_ids is not None else main.busy_threads
     if busy < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
         return
-    idle = run.gpu_idle_share
+    idle = run.gpu_work.idle_share
     site = threads[0].location if threads else None
     yield Finding(
         f"{busy} busy Python threads share one GIL: the process runs on {main.cpu_mean:.1f} cores",
@@ -80,8 +80,8 @@ def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
 
     Severity: critical when the run crashed on it, else warning.
     """
-    crashed = run.exit.message is not None and CUDA_FORK_ERROR in run.exit.message
-    forks = [f for f in run.forks if f.cuda_initialized]
+    crashed = run.host.exit.message is not None and CUDA_FORK_ERROR in run.host.exit.message
+    forks = [f for f in run.host.forks if f.cuda_initialized]
     own = [f for f in forks if not f.dataloader_worker]
     if not own and not crashed:
         return
@@ -91,7 +91,7 @@ def fork_after_cuda_init(run: Run) -> Iterator[Finding]:
     yield Finding(
         title, impact=None, impact_reason="a correctness risk, not a cost in step time",
         severity="critical" if crashed else "warning",
-        location=(first.location if first else None) or run.exit.location, count=max(1, len(own or forks)),
+        location=(first.location if first else None) or run.host.exit.location, count=max(1, len(own or forks)),
         evidence={"forks after CUDA init": len(forks), "of them DataLoader workers": len(forks) - len(own),
                   "start method": first.start_method if first else None, "crashed": crashed},
         fix='DataLoader(..., multiprocessing_context="spawn", persistent_workers=True), or '
@@ -121,15 +121,15 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
     """
     processes = run.require_processes()
     samples = run.require_host_samples().host
-    cores, ranks = run.env.cores or 1, run.env.ranks_on_host
+    cores, ranks = run.host.env.cores or 1, run.host.env.ranks_on_host
     children = [p for p in processes if p.role == "child"]
-    per_rank = (run.env.intra_op_threads or 1) + sum(max(1, p.threads_max - WORKER_BASE_THREADS) for p in children)
+    per_rank = (run.host.env.intra_op_threads or 1) + sum(max(1, p.threads_max - WORKER_BASE_THREADS) for p in children)
     demand = per_rank * ranks  # every rank on this host runs the same threads
     tree = statistics.fmean((p.values["tree_cores"] or 0.0) + (p.values.get("job_cores") or 0.0) for p in samples)
     load = max((p.values.get("load1") or 0.0) for p in samples)
     if demand <= max_demand_per_core * cores or (tree < min_busy_share * cores and load <= cores):
         return
-    loader = run.loader.main
+    loader = run.sites.loader.main
     yield Finding(
         f"{demand} compute threads compete for {cores} cores"
         + (f" ({ranks} ranks of {per_rank} each)" if ranks > 1 else ""),
@@ -137,7 +137,7 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
         location=loader.location if loader else None,
         evidence={"compute threads": demand, "cores available": cores, "child processes": len(children),
                   "threads per child (max)": max((p.threads_max for p in children), default=0),
-                  "intra-op threads (main)": run.env.intra_op_threads, "load average": round(load, 1),
+                  "intra-op threads (main)": run.host.env.intra_op_threads, "load average": round(load, 1),
                   "CPU used by the job": (round(tree, 1), "cores"), "ranks on this host": ranks},
         fix="DataLoader(..., worker_init_fn=lambda _: torch.set_num_threads(1)) and "
             f"torch.set_num_threads({max(1, cores // (2 * ranks))}) in the training process"
@@ -149,12 +149,12 @@ def cpu_oversubscription(run: Run, max_demand_per_core: float = 3.0, min_busy_sh
 
 def _host_bound_share(run: Run) -> float | None:
     """The share of the step the GPU idles (or, with no GPU timeline, the host waits for data)."""
-    idle = run.gpu_idle_share
+    idle = run.gpu_work.idle_share
     if idle is not None:
         return idle
     if not run.steps:
         return None
-    return sum(s.data_wait_s for s in run.steps) / run.wall_s
+    return sum(s.data_wait_s for s in run.steps) / run.step_view.wall_s
 
 
 @rule("GD504", "cpu-contention", category="cpu_contention")
@@ -173,7 +173,7 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
     container CPU limit for the neighbours).
     """
     samples = run.require_host_samples().host
-    cores = run.env.cpu_count or run.env.cores or 1
+    cores = run.host.env.cpu_count or run.host.env.cores or 1
     points = [p for p in samples if p.values.get("other_cores") is not None]
     if not points:
         return
@@ -198,7 +198,7 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
 
 def _main_run_delay_share(run: Run) -> float | None:
     """The share of the time the script's main thread was ready to run but waited for a core."""
-    main = next((p for p in run.processes if p.role == "main"), None)
+    main = next((p for p in run.host.processes if p.role == "main"), None)
     return main.run_delay_share if main is not None else None
 
 
@@ -216,7 +216,7 @@ def _contention_share(run: Run, other_share: float, delay: float | None, other_o
     if budget is not None:
         cap = budget.share_of("cpu_contention")
     else:
-        cap = run.gpu_idle_share if run.gpu_idle_share is not None else 1.0
+        cap = run.gpu_work.idle_share if run.gpu_work.idle_share is not None else 1.0
     return min(cap, (waiting or 0.0) + delay * other_of_busy)
 
 
@@ -240,7 +240,7 @@ def intra_op_threads_exceed_free_cores(run: Run, min_main_cores: float = 0.1,
     """
     processes = run.require_processes()
     samples = run.require_host_samples().host
-    threads, cores = run.env.intra_op_threads, run.env.cores
+    threads, cores = run.host.env.intra_op_threads, run.host.env.cores
     main = next((p for p in processes if p.role == "main"), None)
     others = [p.values["other_cores"] for p in samples if p.values.get("other_cores") is not None]
     if threads is None or cores is None or main is None or not others:

@@ -34,7 +34,8 @@ def test_bundle_loads(training_run: Result) -> None:
     first, last = run.steps[0], run.steps[-1]
     in_steps = [op for op in run.trace.ops if first.start <= op.start and op.end <= last.end]
     assert len(in_steps) > 0.5 * len(run.trace.ops)
-    assert run.loader.main is not None and run.loader.main.batch_size == BATCH and run.loader.main.num_workers == 0
+    main = run.sites.loader.main
+    assert main is not None and main.batch_size == BATCH and main.num_workers == 0
 
 
 def test_one_step_event_per_optimizer_step(training_run: Result) -> None:
@@ -45,13 +46,13 @@ def test_one_step_event_per_optimizer_step(training_run: Result) -> None:
     assert {e.source for e in steps} == {"optimizer"}
     assert training_run.manifest()["exit"]["steps"] == STEPS
     run = Run.from_bundle(training_run.run_dir)
-    assert len(run.all_steps) == STEPS
+    assert len(run.step_view.all_steps) == STEPS
     assert [s.window for s in run.steps] == ["active", "active"]  # --active-steps 2
 
 
 def test_data_wait_matches_the_datasets_sleep(training_run: Result) -> None:
     expected = BATCH * SLEEP_S
-    for step in Run.from_bundle(training_run.run_dir).all_steps:
+    for step in Run.from_bundle(training_run.run_dir).step_view.all_steps:
         assert 0.9 * expected <= step.data_wait_s < 0.5, step
         assert step.data_wait_s <= step.wall_s
 
@@ -90,8 +91,8 @@ def test_gpu_samples_only_when_nvml_works_never_zeros_in_their_place(training_ru
     assert manifest["gpus"] == [] and manifest["driver"] is None
     assert not (training_run.run_dir / "samples" / "gpu.jsonl").exists()
     run = Run.from_bundle(training_run.run_dir)
-    assert run.gpu is None and run.samples.gpu == {}
-    assert all(s.gpu_busy_s is None and s.gpu_idle_s is None for s in run.all_steps)
+    assert run.gpu is None and run.host.samples.gpu == {}
+    assert all(s.gpu_busy_s is None and s.gpu_idle_s is None for s in run.step_view.all_steps)
     findings = training_run.findings()
     assert findings["summary"]["gpu_idle_share"] is None
     assert findings["run"]["gpus"] == []
@@ -145,7 +146,7 @@ def test_what_runs_after_the_loop_is_no_steps_time(gd: Gpudoctor, mode: str) -> 
 
 def test_the_profilers_distortion_is_measured_against_the_steps_outside_the_window(training_run: Result) -> None:
     run = training_run.findings()["run"]  # 8 steps: 1 waiting, 1 warm-up, 2 profiled, 1 detail, 3 after the window
-    steps = Run.from_bundle(training_run.run_dir).all_steps
+    steps = Run.from_bundle(training_run.run_dir).step_view.all_steps
     profiled = sorted(s.wall_s for s in steps if s.window == "active")
     outside = sorted(s.wall_s for s in steps if s.window == "closed")
     assert [s.window for s in steps].count("detail") == 1  # hooked, so neither profiled nor outside
@@ -171,7 +172,7 @@ def test_reusing_an_output_directory_replaces_the_previous_run(gd: Gpudoctor) ->
     assert second.run_dir == first.run_dir
     assert second.events(StepEvent) == []
     assert not (second.run_dir / "trace.json.gz").exists()
-    assert Run.from_bundle(second.run_dir).all_steps == []
+    assert Run.from_bundle(second.run_dir).step_view.all_steps == []
     assert second.findings()["run"]["steps_total"] == 0
 
 

@@ -115,7 +115,7 @@ def test_fields_added_later_have_defaults_so_older_bundles_load(run_dir: Path) -
     _edit_manifest(drop_late_fields)(run_dir)
     run = Run.from_bundle(run_dir)
     assert run.manifest.window is not None and run.manifest.window.every_s is None
-    assert run.env.switch_interval_s is None and run.python_thread_ids is None
+    assert run.host.env.switch_interval_s is None and run.host.python_thread_ids is None
     assert run.steps
 
 

@@ -45,9 +45,9 @@ def slow_loader_wait(run, max_wait_s: float = 0.2, steps: int = 1, strict: bool 
 
     Fix: cache.
     """
-    slow = [s for s in run.steady_steps if s.data_wait_s > max_wait_s]
+    slow = [s for s in run.step_view.steady_steps if s.data_wait_s > max_wait_s]
     if len(slow) >= steps:
-        yield Finding(f"{len(slow)} steps waited over {max_wait_s} s", impact=0.1, location=run.loader.location)
+        yield Finding(f"{len(slow)} steps waited over {max_wait_s} s", impact=0.1, location=run.sites.loader.location)
 '''
 
 
@@ -517,10 +517,10 @@ from gpudoctor import Finding, rule
 @rule("ACME901", "loader-starves-gpu", category="data_starvation", severity="warning")
 def loader_starves_gpu(run, max_wait_share: float = 0.25):
     """GPU idles while the next batch is loaded. Fix: raise num_workers, set pin_memory=True."""
-    waits = [s for s in run.steady_steps if s.data_wait_s > max_wait_share * s.wall_s]
+    waits = [s for s in run.step_view.steady_steps if s.data_wait_s > max_wait_share * s.wall_s]
     if waits:
-        yield Finding(f"{len(waits)} of {len(run.steady_steps)} steps wait for the DataLoader", impact=0.5,
-                      location=run.loader.location)
+        yield Finding(f"{len(waits)} of {len(run.step_view.steady_steps)} steps wait for the DataLoader", impact=0.5,
+                      location=run.sites.loader.location)
 '''
 
 

@@ -36,7 +36,7 @@ def loop_without_sync(tmp_path, kernel_s: float) -> Run:
 
 def test_the_gpu_work_per_step_counts_what_ran_after_the_step_ended(tmp_path) -> None:
     run = loop_without_sync(tmp_path, kernel_s=0.030)
-    assert run.gpu_work_per_step_s == pytest.approx(0.030, rel=1e-3)
+    assert run.gpu_work.per_step_s == pytest.approx(0.030, rel=1e-3)
     assert all(step.gpu_busy_s is not None and step.gpu_busy_s <= STEP_S + 1e-6 for step in run.steps)
 
 

@@ -81,7 +81,7 @@ def test_a_balanced_job_has_no_straggler(gd: Gpudoctor) -> None:
 
 def test_the_other_ranks_are_the_jobs_cpu_not_other_programs(gd: Gpudoctor) -> None:
     _job(gd, "run", script("ddp_train.py"), "--steps", "40")
-    host = Run.from_bundle(gd.cwd / "run" / "rank-0").samples.host
+    host = Run.from_bundle(gd.cwd / "run" / "rank-0").host.samples.host
     job = statistics.fmean(p.values["job_cores"] or 0.0 for p in host)
     other = statistics.fmean(p.values["other_cores"] or 0.0 for p in host)
     assert job > 0.3 > other, (job, other)  # rank 1 computes beside rank 0: the job's own demand

@@ -81,7 +81,7 @@ def assert_silent(result: Result, code: str) -> None:
 
 
 def main_process(run: Run):
-    return next(p for p in run.processes if p.role == "main")
+    return next(p for p in run.host.processes if p.role == "main")
 
 
 # -- GD101 loader-in-main-process ---------------------------------------------------------------------
@@ -126,9 +126,9 @@ def test_gd101_silent_when_two_workers_keep_up(gd: Gpudoctor) -> None:
     assert_silent(result, "GD101")
     assert_silent(result, "GD102")
     run = Run.from_bundle(result.run_dir)
-    assert run.loader.main.num_workers == 2
-    wait = statistics.fmean(s.data_wait_s for s in run.steady_steps)
-    wall = statistics.fmean(s.wall_s for s in run.steady_steps)
+    assert run.sites.loader.main.num_workers == 2
+    wait = statistics.fmean(s.data_wait_s for s in run.step_view.steady_steps)
+    wall = statistics.fmean(s.wall_s for s in run.step_view.steady_steps)
     assert wait / wall < 0.15, (wait, wall)  # the twin is healthy, not just outside the rule's scope
 
 
@@ -144,15 +144,15 @@ def test_gd501_fires_when_python_threads_feed_the_step(gd: Gpudoctor) -> None:
     assert facts["process CPU"] <= 1.3
     assert facts["GIL probe wake-up delay"] >= 2.5  # ms: half the 5 ms switch interval
     run = Run.from_bundle(result.run_dir)
-    assert [t.name for t in run.user_threads] == ["feeder-0", "feeder-1"]
+    assert [t.name for t in run.host.user_threads] == ["feeder-0", "feeder-1"]
 
 
 def test_gd501_silent_with_one_thread(gd: Gpudoctor) -> None:
     result = profile(gd, "gil_threads.py", "--threads", "0")
     assert_silent(result, "GD501")
     run = Run.from_bundle(result.run_dir)
-    assert run.user_threads == []
-    assert run.python_thread_ids is not None and main_process(run).busy_among(run.python_thread_ids) == 1
+    assert run.host.user_threads == []
+    assert run.host.python_thread_ids is not None and main_process(run).busy_among(run.host.python_thread_ids) == 1
 
 
 def test_gd501_fires_on_a_program_with_no_step(gd: Gpudoctor) -> None:
@@ -164,7 +164,7 @@ def test_gd501_fires_on_a_program_with_no_step(gd: Gpudoctor) -> None:
     assert finding["impact"] is None and "no GPU timeline" in finding["impact_reason"]
     assert result.findings()["run"]["step_source"] is None
     run = Run.from_bundle(result.run_dir)
-    assert not run.all_steps and run.events(StepLessGilEvent)
+    assert not run.step_view.all_steps and run.events(StepLessGilEvent)
 
 
 def test_gd501_silent_on_a_program_with_no_step_and_one_thread(gd: Gpudoctor) -> None:
@@ -182,12 +182,12 @@ def test_gd502_forks_recorded_but_silent_without_cuda(gd: Gpudoctor) -> None:
     assert_silent(result, "GD502")
     assert not findings_of(result, "GD502")
     run = Run.from_bundle(result.run_dir)
-    assert run.forks and not any(f.cuda_initialized for f in run.forks)
-    pool = [f for f in run.forks if not f.dataloader_worker]
-    workers = [f for f in run.forks if f.dataloader_worker]
-    assert len(pool) == 2 and len(workers) == 2, run.forks
+    assert run.host.forks and not any(f.cuda_initialized for f in run.host.forks)
+    pool = [f for f in run.host.forks if not f.dataloader_worker]
+    workers = [f for f in run.host.forks if f.dataloader_worker]
+    assert len(pool) == 2 and len(workers) == 2, run.host.forks
     assert {f.location.line for f in pool} == {line_of(script, "POOL")}
-    assert all(Path(f.location.file).resolve() == script.resolve() for f in run.forks)
+    assert all(Path(f.location.file).resolve() == script.resolve() for f in run.host.forks)
     assert [e.cuda_initialized for e in result.events(ForkEvent)] == [False] * 4
 
 
@@ -209,7 +209,7 @@ def test_gd503_silent_with_one_thread_per_worker(gd: Gpudoctor) -> None:
     result = profile(gd, "oversubscribed_workers.py", "--worker-threads", "1")
     assert_silent(result, "GD503")
     run = Run.from_bundle(result.run_dir)
-    children = [p for p in run.processes if p.role == "child"]
+    children = [p for p in run.host.processes if p.role == "child"]
     assert len(children) == 2 and all(p.threads_max <= 3 for p in children), children
 
 
@@ -253,14 +253,14 @@ def test_gd504_fires_when_other_processes_take_the_cores(gd: Gpudoctor, two_neig
     # where the neighbours made the median step 64-84 ms against 46 ms without them); that wait is the saving.
     assert facts["main thread waiting for a core"] >= 10 and finding["impact"] >= 0.1, finding
     run = Run.from_bundle(result.run_dir)
-    assert not {p.pid for p in run.processes} & set(two_neighbours)
+    assert not {p.pid for p in run.host.processes} & set(two_neighbours)
 
 
 def test_gd504_silent_without_neighbours(gd: Gpudoctor) -> None:
     result = profile(gd, "noisy_neighbours.py")
     run = Run.from_bundle(result.run_dir)
-    other = statistics.fmean(p.values["other_cores"] or 0.0 for p in run.step_samples.host)
-    busy = statistics.fmean(p.values["busy_cores"] for p in run.step_samples.host) / (run.env.cpu_count or 1)
+    other = statistics.fmean(p.values["other_cores"] or 0.0 for p in run.host.step_samples.host)
+    busy = statistics.fmean(p.values["busy_cores"] for p in run.host.step_samples.host) / (run.host.env.cpu_count or 1)
     fired = any(f["code"] == "GD504" for f in result.findings()["findings"])
     # No neighbour is started; on a quiet host (CI) GD504 stays silent. When something else on the
     # machine did take the CPU while the twin ran, GD504 is right to fire: it must agree with what was measured.

@@ -119,7 +119,7 @@ def test_contention_costs_the_wait_of_the_main_thread_for_a_core() -> None:
     evidence = {row.name: row.value for row in finding.evidence}
     assert isinstance(evidence["main thread waiting for a core"], float)
     assert evidence["main thread waiting for a core"] >= 25
-    main = next(p for p in fixed.processes if p.role == "main")
+    main = next(p for p in fixed.host.processes if p.role == "main")
     assert main.run_delay_share is not None and main.run_delay_share < 0.02
 
 

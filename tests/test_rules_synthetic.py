@@ -98,7 +98,7 @@ def test_too_few_workers_are_judged_over_the_steps_that_starve(tmp_path) -> None
     b.steps(6, wall_s=0.1, gpu_busy_s=0.03)  # start-up and the window: batches ready
     b.steps(20, wall_s=0.1, data_wait_s=0.07, gpu_busy_s=0.03)  # after it: every step waits
     b.host_samples()
-    steps = b.build().all_steps
+    steps = b.build().step_view.all_steps
     first, window_end, run_end = b.start - 1.0, steps[5].end, steps[-1].end
 
     def worker_cpu(t: float) -> float:  # 0.05 core until the window ends, a whole core after it

@@ -26,10 +26,11 @@ def test_the_window_measures_the_training_steps_after_an_evaluation(gd: Gpudocto
     assert run["steps_analysed"] == 2
     assert run["median_step_s"] >= SLEEP_S
     analysed = Run.from_bundle(result.run_dir)
-    assert all(s.wall_s >= SLEEP_S for s in analysed.all_steps[1:])  # the first also holds the last evaluation call
+    # the first also holds the last evaluation call
+    assert all(s.wall_s >= SLEEP_S for s in analysed.step_view.all_steps[1:])
     # Numbered from 0 again, as a rank of the same job without the evaluation numbers them: the window opened one
     # step in (its wait), after a warm-up step.
-    assert [s.index for s in analysed.all_steps] == list(range(10))
+    assert [s.index for s in analysed.step_view.all_steps] == list(range(10))
     assert [s.index for s in analysed.steps] == [2, 3]
     assert [w.first_step for w in analysed.windows] == [1]
     # Both windows' detail steps saw where the model is called; only the training loop's line is the run's.

@@ -119,7 +119,7 @@ def test_a_long_run_has_at_most_max_points_points(tmp_path: Path) -> None:
     run = builder.build()
     result = _checked(timeline(run))
     assert len(result.t) == MAX_POINTS
-    assert sum(n or 0 for n in result.steps_per_bucket) == run.steps_in_run == 1000
+    assert sum(n or 0 for n in result.steps_per_bucket) == run.step_view.steps_in_run == 1000
     assert [p.key for p in result.panels] == ["gpu", "cpu", "loader"]
 
 
@@ -128,7 +128,7 @@ def test_a_short_run_has_about_two_samples_a_bucket(tmp_path: Path) -> None:
     builder.host_samples(interval_s=0.1)
     run = builder.build()
     result = _checked(timeline(run))
-    assert len(result.t) == max(len(run.samples.host), len(run.run_steps)) // 2  # the densest series
+    assert len(result.t) == max(len(run.host.samples.host), len(run.step_view.run_steps)) // 2  # the densest series
     assert result.bucket_s * len(result.t) == pytest.approx(result.duration_s)
 
 

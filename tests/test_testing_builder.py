@@ -53,7 +53,8 @@ def loader_starves_gpu(run: Run, max_idle: float = 0.25) -> Iterator[Finding]:
     waits = [s for s in gpu_steps if s.gpu_idle_s / s.wall_s > max_idle and s.data_wait_s > (s.gpu_busy_s or 0)]
     if waits:
         yield Finding(f"GPU idle {len(waits)} of {len(gpu_steps)} steps waiting on the DataLoader",
-                      impact=sum(s.data_wait_s for s in waits) / run.wall_s, location=run.loader.location)
+                      impact=sum(s.data_wait_s for s in waits) / run.step_view.wall_s,
+                      location=run.sites.loader.location)
 
 
 @rule("ACME102", "always-raises", category="data_starvation")
@@ -86,7 +87,7 @@ def test_the_bundle_is_what_the_real_loader_reads(tmp_path):
     assert "baseTimeNanoseconds" in trace
     assert {e.get("cat") for e in trace["traceEvents"]} >= {"user_annotation", "kernel"}
     run = Run.from_bundle(path)
-    assert len(run.steps) == 5 and run.exit.ending == "completed"
+    assert len(run.steps) == 5 and run.host.exit.ending == "completed"
 
 
 def test_writing_again_replaces_the_previous_bundle(tmp_path):
@@ -97,7 +98,7 @@ def test_writing_again_replaces_the_previous_bundle(tmp_path):
     b.step()
     run = b.build()
     assert len(run.steps) == 4
-    assert run.copies[0].count == 4  # one row per step, placed once per write
+    assert run.sites.copies[0].count == 4  # one row per step, placed once per write
     assert len(list(bundle.load(tmp_path).events())) == len(b._events())
 
 
@@ -198,16 +199,17 @@ def test_steps_carry_the_given_times(tmp_path):
     assert [s.index for s in run.steps] == [0, 1, 2, 3]
     for before, after in zip(run.steps, run.steps[1:]):
         assert after.start == approx(before.end)  # every step starts where the previous one ended
-    assert run.wall_s == approx(0.8)
+    assert run.step_view.wall_s == approx(0.8)
 
 
 def test_the_window_decides_which_steps_are_analysed(tmp_path):
     b = BundleBuilder(tmp_path, window=(5, 2, 5))
     b.steps(14, wall_s=0.05, forward_s=0.01, gpu_busy_s=0.02)
     run = b.build()
-    assert [s.window for s in run.all_steps] == ["waiting"] * 5 + ["warmup"] * 2 + ["active"] * 5 + ["closed"] * 2
+    windows = [s.window for s in run.step_view.all_steps]
+    assert windows == ["waiting"] * 5 + ["warmup"] * 2 + ["active"] * 5 + ["closed"] * 2
     assert [s.index for s in run.steps] == [7, 8, 9, 10, 11]
-    waiting, warmup, active = run.all_steps[0], run.all_steps[5], run.all_steps[7]
+    waiting, warmup, active = run.step_view.all_steps[0], run.step_view.all_steps[5], run.step_view.all_steps[7]
     assert waiting.forward_s is None and waiting.copy_s is None  # measured only inside the window
     assert warmup.forward_s == approx(0.01) and warmup.gpu_busy_s is None  # warm-up is not in the trace
     assert active.gpu_busy_s == approx(0.02) and active.gpu_idle_s == approx(0.03)
@@ -282,13 +284,13 @@ def test_loader_view(tmp_path):
     b.loader(num_workers=0, batch_size=8, site=None)
     b.steps(2)
     run = b.build()
-    main = run.loader.main
+    main = run.sites.loader.main
     assert (main.num_workers, main.pin_memory, main.batch_size, main.prefetch_factor) == (4, True, 64, 2)
     assert (main.persistent_workers, main.dataset, main.dataset_len, main.start_method) == (
         True, "Images", 1000, "spawn")
-    assert run.loader.location == run.loader.main.location
+    assert run.sites.loader.location == run.sites.loader.main.location
     assert (main.location.file, main.location.line, main.location.function) == ("train.py", 41, "main")
-    assert len(run.loader.loaders) == 2 and run.loader.loaders[1].location is None
+    assert len(run.sites.loader.loaders) == 2 and run.sites.loader.loaders[1].location is None
 
 
 def test_copies_and_syncs_per_step(tmp_path):
@@ -299,14 +301,14 @@ def test_copies_and_syncs_per_step(tmp_path):
     b.sync("item", host_s=0.003, count=3, site=("train.py", 58, "step"))
     b.sync("synchronize", host_s=0.01, step=2)
     run = b.build()
-    h2d = next(c for c in run.copies if c.direction == "h2d")
+    h2d = next(c for c in run.sites.copies if c.direction == "h2d")
     assert (h2d.count, h2d.bytes, h2d.host_s, h2d.max_s) == (4, 4 * 64 * MB, approx(0.032), approx(0.008))
     assert (h2d.pinned, h2d.non_blocking, str(h2d.location)) == (False, True, "train.py:52")
-    d2h = next(c for c in run.copies if c.direction == "d2h")
+    d2h = next(c for c in run.sites.copies if c.direction == "d2h")
     assert (d2h.count, d2h.bytes, d2h.max_s) == (2, MB, approx(0.001))
-    item = next(s for s in run.syncs if s.kind == "item")
+    item = next(s for s in run.sites.syncs if s.kind == "item")
     assert (item.count, item.host_s, item.location.function) == (12, approx(0.012), "step")
-    assert [s.kind for s in run.syncs] == ["item", "synchronize"]  # by host time blocked, largest first
+    assert [s.kind for s in run.sites.syncs] == ["item", "synchronize"]  # by host time blocked, largest first
     assert [s.copy_s for s in run.steps] == [approx(0.008), approx(0.010), approx(0.008), approx(0.008)]
     assert [s.sync_s for s in run.steps] == [approx(0.003), approx(0.003), approx(0.013), approx(0.003)]
 
@@ -315,7 +317,7 @@ def test_copy_and_sync_rows_given_to_a_step(tmp_path):
     b = BundleBuilder(tmp_path)
     b.step(copies=[{"direction": "h2d", "bytes": MB, "host_s": 0.004}], syncs=[{"kind": "print", "host_s": 0.002}])
     run = b.build()
-    assert run.copies[0].bytes == MB and run.syncs[0].kind == "print"
+    assert run.sites.copies[0].bytes == MB and run.sites.syncs[0].kind == "print"
     assert run.steps[0].copy_s == approx(0.004) and run.steps[0].sync_s == approx(0.002)
 
 
@@ -327,13 +329,13 @@ def test_forks_and_threads(tmp_path):
     b.thread("pin_memory", "_pin_memory_loop", module="torch.utils.data._utils.pin_memory", daemon=True)
     b.steps(2)
     run = b.build()
-    assert [(f.cuda_initialized, f.start_method, f.dataloader_worker) for f in run.forks] == [
+    assert [(f.cuda_initialized, f.start_method, f.dataloader_worker) for f in run.host.forks] == [
         (True, "fork", True), (True, "fork", True), (False, None, False)]
-    assert str(run.forks[0].location) == "train.py:60" and run.forks[2].time == 999_999.0
-    assert all(f.time < run.steps[0].start for f in run.forks)
-    assert [t.name for t in run.threads] == ["trainer-0", "pin_memory"]
-    assert [t.name for t in run.user_threads] == ["trainer-0"]  # the library's own thread is told apart
-    assert run.threads[1].daemon and run.threads[0].target == "Worker.run"
+    assert str(run.host.forks[0].location) == "train.py:60" and run.host.forks[2].time == 999_999.0
+    assert all(f.time < run.steps[0].start for f in run.host.forks)
+    assert [t.name for t in run.host.threads] == ["trainer-0", "pin_memory"]
+    assert [t.name for t in run.host.user_threads] == ["trainer-0"]  # the library's own thread is told apart
+    assert run.host.threads[1].daemon and run.host.threads[0].target == "Worker.run"
 
 
 # -- samples ---------------------------------------------------------------------------------------------
@@ -363,7 +365,7 @@ def test_processes_threads_and_workers(tmp_path):
     b.steps(10, wall_s=0.1)
     b.host_samples(other_cores=0.1)
     run = b.build()
-    by_pid = {p.pid: p for p in run.processes}
+    by_pid = {p.pid: p for p in run.host.processes}
     assert set(by_pid) == {main, *workers}
     proc = by_pid[main]
     assert (proc.role, proc.name, proc.cpu_mean, proc.busy_threads) == ("main", "python", approx(1.8), 2)
@@ -372,7 +374,7 @@ def test_processes_threads_and_workers(tmp_path):
         worker = by_pid[pid]
         assert (worker.role, worker.ppid, worker.name) == ("child", main, "pt_data_worker")
         assert worker.cpu_mean == approx(0.95) and worker.threads_max == 4
-    assert run.samples.host[0].values["tree_cores"] == approx(1.8 + 2 * 0.95)
+    assert run.host.samples.host[0].values["tree_cores"] == approx(1.8 + 2 * 0.95)
 
 
 def test_busy_cores_beyond_the_host_are_refused(tmp_path):
@@ -390,11 +392,11 @@ def test_gpu_samples(tmp_path):
     b.gpu_samples(util=35, mem_used=20 * 1024 * MB, sm_mhz=1980, power_w=300.0)
     b.gpu_samples(util=0, gpu=1)
     run = b.build()
-    assert run.samples.has_gpu and sorted(run.samples.gpu) == [0, 1]
-    point = run.samples.gpu[0][0]
+    assert run.host.samples.has_gpu and sorted(run.host.samples.gpu) == [0, 1]
+    point = run.host.samples.gpu[0][0]
     assert point.values == {"util": 35, "mem_used": 20 * 1024 * MB, "sm_mhz": 1980, "power_w": 300.0}
     assert "pcie_rx_kbs" not in point.values  # a field not given is left out, never written as zero
-    assert [g.index for g in run.env.gpus] == [0, 1]
+    assert [g.index for g in run.host.env.gpus] == [0, 1]
     assert run.manifest.collectors["nvml"].ok is True
 
 
@@ -403,7 +405,7 @@ def test_raw_sample_rows(tmp_path):
     b.steps(2)
     b.sample_rows("gpu", [{"t": 1_000_000.0, "gpus": [{"gpu": 0, "util": 99}]}])
     run = b.build()
-    assert run.samples.gpu[0][0].values == {"util": 99}
+    assert run.host.samples.gpu[0][0].values == {"util": 99}
 
 
 # -- environment, missing data, endings ------------------------------------------------------------------
@@ -413,7 +415,7 @@ def test_env(tmp_path):
           memory_total=256 * 1024 * MB, python="3.13.1", torch="2.6.0",
           cuda_device={"index": 0, "name": "NVIDIA H200", "total_memory": 140 * 1024 * MB})
     b.steps(3)
-    env = b.build().env
+    env = b.build().host.env
     assert (env.cores, env.cpu_count, env.gil_enabled, env.start_method) == (6, 32, False, "spawn")
     assert (env.intra_op_threads, env.memory_total, env.python, env.torch) == (3, 256 * 1024 * MB, "3.13.1", "2.6.0")
     assert env.cuda_device.name == "NVIDIA H200"
@@ -423,8 +425,8 @@ def test_env(tmp_path):
 
 def test_default_env_is_a_gpu_host_when_the_run_used_the_gpu(tmp_path):
     run = starved(tmp_path).build()
-    assert run.env.cores == 8 and run.env.gil_enabled is True
-    assert run.env.cuda_device.total_memory > 0 and run.env.intra_op_threads == 8
+    assert run.host.env.cores == 8 and run.host.env.gil_enabled is True
+    assert run.host.env.cuda_device.total_memory > 0 and run.host.env.intra_op_threads == 8
 
 
 def test_what_was_not_collected_is_not_evaluated(tmp_path):
@@ -452,8 +454,8 @@ def test_an_exception_ending(tmp_path):
     b.exit("exception", 1, exception="RuntimeError", message="Cannot re-initialize CUDA in forked subprocess",
            where=("train.py", 77, "__getitem__"))
     run = b.build()
-    assert (run.exit.ending, run.exit.status, run.exit.exception) == ("exception", 1, "RuntimeError")
-    assert "forked subprocess" in run.exit.message and str(run.exit.location) == "train.py:77"
+    assert (run.host.exit.ending, run.host.exit.status, run.host.exit.exception) == ("exception", 1, "RuntimeError")
+    assert "forked subprocess" in run.host.exit.message and str(run.host.exit.location) == "train.py:77"
     end = [e for e in bundle.load(tmp_path).events() if isinstance(e, EndEvent)]
     assert end[0].reason == "exception"
 
@@ -466,7 +468,7 @@ def test_cuda_calls_in_the_trace_make_the_sync_stall(tmp_path):
     b.sync("item", host_s=0.05, step=0)
     run = b.build()
     assert run.trace.runtime[0].name == "cudaStreamSynchronize"
-    assert run.sync_stall_s == approx(0.06)  # the idle gap of step 0 (40-100 ms) overlaps the call
+    assert run.gpu_work.sync_stall_s == approx(0.06)  # the idle gap of step 0 (40-100 ms) overlaps the call
 
 
 def test_trace_only_run(tmp_path):
@@ -558,7 +560,7 @@ def test_load_fixture_from_a_directory_and_from_an_archive(tmp_path, monkeypatch
     b.write()
     with tarfile.open(root / "fixtures.tar.gz", "w:gz") as tar:
         tar.add(tmp_path / "packed" / "healthy", arcname="healthy")
-    assert load_fixture("starved", root).loader.main.num_workers == 0
+    assert load_fixture("starved", root).sites.loader.main.num_workers == 0
     healthy = load_fixture("healthy", root)
     assert healthy.steps[0].gpu_busy_s == approx(0.09)
     assert fixture_path("healthy", root) == fixture_path("healthy", root)  # extracted once, then reused

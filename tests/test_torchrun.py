@@ -26,7 +26,7 @@ def test_each_rank_writes_its_own_bundle(gd: Gpudoctor) -> None:
         findings = json.loads((bundle / "findings.json").read_text())
         assert findings["run"]["step_source"] == "optimizer"
         assert (bundle / "report.html").is_file() and (bundle / "trace.json.gz").is_file()
-        assert len(Run.from_bundle(bundle).all_steps) == 10
+        assert len(Run.from_bundle(bundle).step_view.all_steps) == 10
 
 
 def test_ranks_analyse_the_same_steps_when_only_rank_0_evaluates_first(gd: Gpudoctor) -> None:
@@ -37,7 +37,7 @@ def test_ranks_analyse_the_same_steps_when_only_rank_0_evaluates_first(gd: Gpudo
     assert result.returncode == 0, result.stderr[-3000:]
     runs = [Run.from_bundle(gd.cwd / "run" / f"rank-{rank}") for rank in (0, 1)]
     assert [[s.index for s in run.steps] for run in runs] == [[2, 3], [2, 3]]
-    assert [len(run.all_steps) for run in runs] == [10, 10]
+    assert [len(run.step_view.all_steps) for run in runs] == [10, 10]
 
 
 def test_the_default_run_directory_holds_every_rank(gd: Gpudoctor) -> None:

@@ -58,7 +58,7 @@ def test_each_window_analyses_its_own_steps(late_run: Result) -> None:
         assert len(window.steps) == 3 or (info is run.windows[-1] and 1 <= len(window.steps) <= 3)
         assert all(s.index >= info.first_step for s in window.steps)
         assert window.trace_file.name == info.trace
-    assert run.steps_in_run == 100
+    assert run.step_view.steps_in_run == 100
 
 
 def test_a_pathology_that_appears_late_is_found_in_the_late_windows_only(late_run: Result) -> None:
@@ -132,8 +132,8 @@ def test_a_window_in_a_compacted_stretch_reads_the_rows_either_side() -> None:
     run = Run(msgspec.convert({"schema_version": 1, "window": {"wait": 0}}, Manifest),
               [msgspec.convert(e, StepEvent) for e in steps], None, msgspec.convert(host, list[HostRow]),
               msgspec.convert(procs, list[ProcsRow]), [])
-    assert [p.t for p in run.step_samples.host] == [1500.0, 1510.0]
-    (process,) = run.processes
+    assert [p.t for p in run.host.step_samples.host] == [1500.0, 1510.0]
+    (process,) = run.host.processes
     assert process.rss_max == 2 * 10**8 + 51 and abs(process.cpu_mean - 0.8) < 1e-9
 
 

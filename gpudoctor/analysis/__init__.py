@@ -1,7 +1,8 @@
 """Analysis: a run bundle parsed once into typed, cached views (see `Run`).
 
 A rule reads `Run` and the view types re-exported here (`from gpudoctor.analysis import Step, LoaderInfo`);
-most are defined in `gpudoctor.analysis.views`.
+most are defined in `gpudoctor.analysis.views`. `MOVED` names the members rules once read on the run itself and the
+view each now lives on; the old names still answer, with a `RunNameMoved` warning.
 """
 
 from gpudoctor.analysis.batch_growth import BatchGrowth
@@ -13,7 +14,7 @@ from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.gpu_work import GpuWork, Launches
 from gpudoctor.analysis.host_view import HostView
 from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
-from gpudoctor.analysis.run import NotEvaluated, Run
+from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
 from gpudoctor.analysis.settings import Setting, setting_at
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.timebase import StepTime
@@ -37,9 +38,9 @@ from gpudoctor.analysis.views import (
 )
 
 __all__ = [
-    "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats", "GpuOp",
-    "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "Location", "NotEvaluated",
-    "ProcessInfo", "Run", "Samples", "SeriesPoint", "Setting", "Step", "StepTime", "StepView", "SyncSite",
-    "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
+    "MOVED", "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats",
+    "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "Location", "NotEvaluated",
+    "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step", "StepTime", "StepView",
+    "SyncSite", "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
     "loader_setting", "loader_workers", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

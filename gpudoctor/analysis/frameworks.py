@@ -15,9 +15,9 @@ LIGHTNING = "lightning"
 def settings_location(run: Run, loader: LoaderInfo | None) -> Location | None:
     """Where the script sets what the framework builds from: its `TrainingArguments(...)` (in the file whose line
     led to the loader, or to the model's call), where it trains through Hugging Face's Trainer."""
-    if TRAINER not in run.env.frameworks:
+    if TRAINER not in run.host.env.frameworks:
         return None
-    near = (loader.location if loader is not None else None) or run.forward_location
+    near = (loader.location if loader is not None else None) or run.sites.forward_location
     return call_of(near.file, "TrainingArguments") if near is not None else None
 
 
@@ -36,7 +36,7 @@ def loader_setting(loader: LoaderInfo, workers: int, pin: bool) -> str | None:
 
 def batch_setting(run: Run, batch: int | None) -> str | None:
     """The framework's setting for the batch size: the Trainer's per-device batch."""
-    if TRAINER not in run.env.frameworks:
+    if TRAINER not in run.host.env.frameworks:
         return None
     return f"TrainingArguments(per_device_train_batch_size={batch})" if batch else (
         "TrainingArguments(per_device_train_batch_size=...)")
@@ -44,8 +44,8 @@ def batch_setting(run: Run, batch: int | None) -> str | None:
 
 def compile_setting(run: Run) -> str | None:
     """How the framework compiles the model it trains."""
-    if TRAINER in run.env.frameworks:
+    if TRAINER in run.host.env.frameworks:
         return "TrainingArguments(torch_compile=True)"
-    if LIGHTNING in run.env.frameworks:
+    if LIGHTNING in run.host.env.frameworks:
         return "model = torch.compile(model) before trainer.fit(model)"
     return None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from functools import cached_property
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, TypeVar
 
 from gpudoctor import bundle as bundle_io
 from gpudoctor.analysis.batch_growth import BatchGrowth, batch_growth, kernel_fills
@@ -29,20 +31,11 @@ from gpudoctor.analysis.timebase import (
 )
 from gpudoctor.analysis.trace import TraceData, parse_trace
 from gpudoctor.analysis.views import (
-    CopySite,
-    Env,
-    Exit,
-    ForkInfo,
     GilStats,
-    LoaderView,
-    Location,
     NotEvaluated,
     ProcessInfo,
     Samples,
-    StartedProcess,
     Step,
-    SyncSite,
-    ThreadInfo,
     WindowInfo,
 )
 from gpudoctor.bundle.confined import bundle_file
@@ -51,31 +44,9 @@ from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 from gpudoctor.errors import TraceNotJsonError
 
-__all__ = ["NotEvaluated", "Run"]
+__all__ = ["MOVED", "NotEvaluated", "Run", "RunNameMoved"]
 
 E = TypeVar("E", bound=AnyEvent)
-T = TypeVar("T")
-
-
-class _Of(Generic[T]):
-    """A member of one of the run's views, read on the run under its own name: `run.steps` is
-    `run.step_view.steps`. Rules written against the run's members keep working as the views change."""
-
-    def __init__(self, view: str) -> None:
-        self.view = view
-        self.name = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, run: None, owner: type) -> _Of[T]: ...
-    @overload
-    def __get__(self, run: Run, owner: type) -> T: ...
-    def __get__(self, run: Run | None, owner: type) -> _Of[T] | T | Any:
-        if run is None:
-            return self
-        return getattr(getattr(run, self.view), self.name)
 
 
 class Run:
@@ -83,9 +54,10 @@ class Run:
 
     Its figures come from a few views, each built once from what it needs: `step_view` (the steps), `gpu_work`
     (the GPU's work, split step by step), `host` (the script's processes, threads and samples, and the machine)
-    and `sites` (the lines of the script the hooks saw). The run's own members read them under the names rules
-    have always used (`run.steps` is `run.step_view.steps`), and add the figures that several views make: the
-    step at the run's pace (`pace`), the data wait, and the time budget.
+    and `sites` (the lines of the script the hooks saw). The run itself holds the steps analysed (`steps`, the
+    step view's) and the figures that several views make: the step at the run's pace (`pace`), the data wait, and
+    the time budget; the rest is read on the views (`run.sites.loader`, `run.host.env`). The names rules read on
+    the run before the views (MOVED) still answer, each with a RunNameMoved warning.
 
     `steps` are the steps analysed: those of the profiler's active window when it recorded, otherwise
     every step after the window's `wait` (start-up is not representative), otherwise all of them.
@@ -215,16 +187,11 @@ class Run:
         return CallSites(self.events, self.step_view)
 
     # -- steps and their pace --------------------------------------------------------------------
-    all_steps: _Of[list[Step]] = _Of("step_view")
-    run_steps: _Of[list[Step]] = _Of("step_view")
-    steps: _Of[list[Step]] = _Of("step_view")
-    steady_steps: _Of[list[Step]] = _Of("step_view")
-    hooked_steps: _Of[list[Step]] = _Of("step_view")
-    site_steps: _Of[int] = _Of("step_view")
-    steps_in_run: _Of[int] = _Of("step_view")
-    window_spans: _Of[dict[int, tuple[float, float]]] = _Of("step_view")
-    span: _Of[tuple[float, float] | None] = _Of("step_view")
-    wall_s: _Of[float] = _Of("step_view")
+    @property
+    def steps(self) -> list[Step]:
+        """The steps analysed (the step view's `steps`): those of the profiler's active window when it recorded."""
+        return self.step_view.steps
+
 
     @cached_property
     def pace(self) -> StepTime:
@@ -262,18 +229,6 @@ class Run:
         return figures
 
     # -- the GPU's work and the budget -----------------------------------------------------------
-    sync_stall_s: _Of[float | None] = _Of("gpu_work")
-    replays_cuda_graphs: _Of[bool] = _Of("gpu_work")
-
-    @property
-    def gpu_idle_share(self) -> float | None:
-        """The GPU's idle time over the analysed steps' wall time, or None when the trace has no GPU activity."""
-        return self.gpu_work.idle_share
-
-    @property
-    def gpu_work_per_step_s(self) -> float | None:
-        """The GPU's work for one step (GpuWork.per_step_s)."""
-        return self.gpu_work.per_step_s
 
     def require_gpu(self) -> GpuView:
         if self.gpu is None:
@@ -284,7 +239,7 @@ class Run:
     def data_wait(self) -> DataWait | None:
         """The data wait of every step after start-up (timed at each step, cheaply), and the part of it the GPU
         spent idle (analysis.data_wait): what the input-pipeline rules size their savings on. None without steps."""
-        return data_wait(self.steady_steps, self.gpu_work.per_step_s)
+        return data_wait(self.step_view.steady_steps, self.gpu_work.per_step_s)
 
     @property
     def steady_wait_share(self) -> float | None:
@@ -298,9 +253,10 @@ class Run:
         """The host's time blocked in synchronizing calls, per step, as the detail steps timed them (without the
         profiler); None when no call was timed, or when several Python threads share the work (their blocked
         times overlap, and the GIL they take turns on is what the time goes to)."""
-        if not self.syncs or (self.python_threads_sharing or 1) > 1:
+        syncs = self.sites.syncs
+        if not syncs or (self.host.python_threads_sharing or 1) > 1:
             return None
-        return sum(site.host_s for site in self.syncs) / self.site_steps
+        return sum(site.host_s for site in syncs) / self.step_view.site_steps
 
     @cached_property
     def budget(self) -> Budget | None:
@@ -313,7 +269,7 @@ class Run:
     def memory_headroom(self) -> float | None:
         """How many times the analysed steps' peak CUDA allocation fits in the device's memory; None when either is
         unknown."""
-        return memory_headroom(self.steps, self.env.cuda_device)
+        return memory_headroom(self.steps, self.host.env.cuda_device)
 
     @cached_property
     def batch_growth(self) -> BatchGrowth | None:
@@ -335,38 +291,66 @@ class Run:
         return "no GPU activity in this run's trace (the script did not use CUDA, or CUDA was not available)"
 
     # -- call sites ------------------------------------------------------------------------------
-    loader: _Of[LoaderView] = _Of("sites")
-    copies: _Of[list[CopySite]] = _Of("sites")
-    syncs: _Of[list[SyncSite]] = _Of("sites")
-    host_lines: _Of[list[tuple[Location, float]]] = _Of("sites")
-    backward_location: _Of[Location | None] = _Of("sites")
-    forward_location: _Of[Location | None] = _Of("sites")
-    forward_module: _Of[str | None] = _Of("sites")
 
     # -- the host: processes, threads, samples, the machine --------------------------------------
-    processes: _Of[list[ProcessInfo]] = _Of("host")
-    steady_processes: _Of[list[ProcessInfo]] = _Of("host")
-    started_processes: _Of[list[StartedProcess]] = _Of("host")
-    forks: _Of[list[ForkInfo]] = _Of("host")
-    threads: _Of[list[ThreadInfo]] = _Of("host")
-    user_threads: _Of[list[ThreadInfo]] = _Of("host")
-    python_thread_ids: _Of[set[int] | None] = _Of("host")
-    python_threads_sharing: _Of[int | None] = _Of("host")
-    samples: _Of[Samples] = _Of("host")
-    step_samples: _Of[Samples] = _Of("host")
-    env: _Of[Env] = _Of("host")
-    exit: _Of[Exit] = _Of("host")
 
     def require_processes(self) -> list[ProcessInfo]:
-        if not self.processes:
+        processes = self.host.processes
+        if not processes:
             raise NotEvaluated("no process samples in this run" if not self.trace_only else
                                "only a trace was analysed: process samples come with a run bundle")
-        return self.processes
+        return processes
 
     def require_host_samples(self) -> Samples:
-        if not self.step_samples.host:
+        samples = self.host.step_samples
+        if not samples.host:
             raise NotEvaluated("no host samples in this run" if not self.trace_only else
                                "only a trace was analysed: host samples come with a run bundle")
-        return self.step_samples
+        return samples
 
 
+# Members that rules once read on the run itself and that now live on one of its views: `run.loader` is
+# `run.sites.loader`. Each old name still answers, with a RunNameMoved warning that gives its new spelling
+# (docs/custom-rules.md, "Names that moved"); gpudoctor's own code and its built-in rules use the new ones.
+MOVED: dict[str, str] = {
+    # step_view
+    "all_steps": "step_view.all_steps", "run_steps": "step_view.run_steps", "steady_steps": "step_view.steady_steps",
+    "hooked_steps": "step_view.hooked_steps", "site_steps": "step_view.site_steps",
+    "steps_in_run": "step_view.steps_in_run", "window_spans": "step_view.window_spans", "span": "step_view.span",
+    "wall_s": "step_view.wall_s",
+    # gpu_work
+    "sync_stall_s": "gpu_work.sync_stall_s", "replays_cuda_graphs": "gpu_work.replays_cuda_graphs",
+    "gpu_idle_share": "gpu_work.idle_share", "gpu_work_per_step_s": "gpu_work.per_step_s",
+    # sites
+    "loader": "sites.loader", "copies": "sites.copies", "syncs": "sites.syncs", "host_lines": "sites.host_lines",
+    "backward_location": "sites.backward_location", "forward_location": "sites.forward_location",
+    "forward_module": "sites.forward_module",
+    # host
+    "processes": "host.processes", "steady_processes": "host.steady_processes",
+    "started_processes": "host.started_processes", "forks": "host.forks", "threads": "host.threads",
+    "user_threads": "host.user_threads", "python_thread_ids": "host.python_thread_ids",
+    "python_threads_sharing": "host.python_threads_sharing", "samples": "host.samples",
+    "step_samples": "host.step_samples", "env": "host.env", "exit": "host.exit",
+}
+
+
+class RunNameMoved(DeprecationWarning):
+    """A rule read a member of `Run` under the name it had before it moved to one of the run's views."""
+
+
+class _Moved:
+    """An old name of a member of `Run` (see MOVED): it reads the member where it lives now, and says where."""
+
+    def __init__(self, name: str, path: str) -> None:
+        self.name, self.path, self.read = name, path, attrgetter(path)
+
+    def __get__(self, run: Run | None, owner: type) -> Any:
+        if run is None:
+            return self
+        warnings.warn(f"run.{self.name} is run.{self.path}: read it there (docs/custom-rules.md, "
+                      "\"Names that moved\")", RunNameMoved, stacklevel=2)
+        return self.read(run)
+
+
+for _old, _path in MOVED.items():
+    setattr(Run, _old, _Moved(_old, _path))

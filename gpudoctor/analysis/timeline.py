@@ -106,12 +106,12 @@ class Timeline:
 
 def timeline(run: Run) -> Timeline | None:
     """The run's timeline, or None when it has no sample and no step, or no panel has data."""
-    steps = run.run_steps
+    steps = run.step_view.run_steps
     times = _times(run, steps)
     if not times:
         return None
     start, end = min(times), max(times)
-    buckets = Buckets.spanning(start, end, _bucket_count(run.samples, steps))
+    buckets = Buckets.spanning(start, end, _bucket_count(run.host.samples, steps))
     panels = _panels(run, steps, buckets)
     if not panels:
         return None
@@ -124,8 +124,8 @@ def timeline(run: Run) -> Timeline | None:
 
 def _times(run: Run, steps: Sequence[Step]) -> list[float]:
     """Every sample's time and every step's start and end."""
-    gpu_points = [p for points in run.samples.gpu.values() for p in points]
-    samples = [p.t for p in run.samples.host] + [p.t for p in gpu_points]
+    gpu_points = [p for points in run.host.samples.gpu.values() for p in points]
+    samples = [p.t for p in run.host.samples.host] + [p.t for p in gpu_points]
     return samples + [s.start for s in steps] + [s.end for s in steps]
 
 
@@ -136,19 +136,20 @@ def _bucket_count(samples: Samples, steps: Sequence[Step]) -> int:
 
 
 def _panels(run: Run, steps: Sequence[Step], buckets: Buckets) -> tuple[Panel, ...]:
-    cores = run.env.cpu_count or run.env.cores
-    panels = (gpu_panel(run.samples.gpu, buckets), cpu_panel(run.samples.host, cores, buckets),
+    cores = run.host.env.cpu_count or run.host.env.cores
+    panels = (gpu_panel(run.host.samples.gpu, buckets), cpu_panel(run.host.samples.host, cores, buckets),
               loader_panel(steps, buckets))
     return tuple(p for p in panels if p)
 
 
 def _window(run: Run, start: float) -> Span | None:
-    span = run.span
+    span = run.step_view.span
     return None if span is None else Span(span[0] - start, span[1] - start)
 
 
 def _other_windows(run: Run, start: float) -> tuple[Span, ...]:
-    return tuple(Span(a - start, b - start) for i, (a, b) in sorted(run.window_spans.items()) if i != run.window)
+    spans = sorted(run.step_view.window_spans.items())
+    return tuple(Span(a - start, b - start) for i, (a, b) in spans if i != run.window)
 
 
 def _series(points: Sequence[SeriesPoint], key: str) -> list[Point]:

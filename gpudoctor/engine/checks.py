@@ -57,8 +57,8 @@ def _location(value: object) -> FindingLocation | None:
     if value is None:
         return None
     if not isinstance(value, Location):
-        raise InvalidFinding(f"location must be a gpudoctor.analysis.Location (e.g. run.loader.location) or None, "
-                             f"not {type(value).__name__} ({value!r})")
+        raise InvalidFinding(f"location must be a gpudoctor.analysis.Location (e.g. run.sites.loader.location) or "
+                             f"None, not {type(value).__name__} ({value!r})")
     return FindingLocation(file=value.file, line=value.line, function=value.function)
 
 

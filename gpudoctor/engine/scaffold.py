@@ -39,14 +39,14 @@ def {function}(run: Run, max_wait_s: float = 0.2) -> Iterator[Finding]:
     Fix: read ahead: more DataLoader workers, a local cache, or fewer and larger files.
     """
     run.require_steps()  # no step detected: the rule is "not evaluated", never "passed"
-    steps = run.steady_steps  # every step after start-up; data wait is measured at each one
+    steps = run.step_view.steady_steps  # every step after start-up; data wait is measured at each one
     slow = [s for s in steps if s.data_wait_s > max_wait_s]
     if not slow:
         return
     yield Finding(
         f"{{len(slow)}} of {{len(steps)}} steps wait more than {{max_wait_s * 1e3:.0f}} ms for data",
         impact=sum(s.data_wait_s for s in slow) / sum(s.wall_s for s in steps),
-        location=run.loader.location,
+        location=run.sites.loader.location,
         evidence={{"longest wait": (round(max(s.data_wait_s for s in slow) * 1e3, 1), "ms")}},
         fix="raise DataLoader(num_workers=...) or cache the data on local disk",
     )

@@ -129,7 +129,7 @@ def _window_row(w: WindowResult, whole: Run) -> WindowStats:
         "index": info.index, "start": info.start, "first_step": info.first_step, "trace": info.trace,
         "steps_analysed": len(steps),
         "median_step_s": statistics.median(s.wall_s for s in steps) if steps else None,
-        "gpu_idle_share": w.run.gpu_idle_share, "findings": _impact_per_rule(w.result.findings),
+        "gpu_idle_share": w.run.gpu_work.idle_share, "findings": _impact_per_rule(w.result.findings),
     }
 
 

@@ -74,7 +74,7 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
         gpu_idle_s=_median([s.gpu_idle_s for s in steps if s.gpu_idle_s is not None]),
         gpu_compute_s=_median([max(0.0, s.gpu_compute_s - c) for s, c in zip(steps, collective or [0.0] * len(steps))
                                if s.gpu_compute_s is not None]),  # the collectives' kernels left out
-        num_workers=run.loader.main.num_workers if run.loader.main is not None else None,
+        num_workers=run.sites.loader.main.num_workers if run.sites.loader.main is not None else None,
         worker_cpu_per_batch_s=worker_cpu_per_batch_s(run), loader_limit_s=loader_limit_s(run),
         steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
         exit_status=exit_info.status if exit_info else None, bundle=bundle,

@@ -88,7 +88,7 @@ def _summary(job: Job, findings: list[FindingRecord], not_measured: list[NotMeas
     stepped = any(r.figures.steps_analysed for r in job.ranks)
     status: Status = ("no_steps" if not stepped else "problems" if problems
                       else "partial" if not_measured else "healthy")
-    idle = [r.run.gpu_idle_share for r in job.ranks if r.run.gpu_idle_share is not None]
+    idle = [r.run.gpu_work.idle_share for r in job.ranks if r.run.gpu_work.idle_share is not None]
     return {"verdict": job_verdict(job, problems, stepped, status), "gpu_idle_share": max(idle) if idle else None,
             "healthy": not problems, "problems": len(problems), "status": status}
 

@@ -105,7 +105,7 @@ def _not_measured(run: Run) -> list[NotMeasuredRow]:
 def _unprofiled_groups(run: Run) -> list[list[StartedProcess]]:
     """The processes the script started that did work of their own, grouped by what they run and where."""
     groups: dict[tuple[str | None, Location | None], list[StartedProcess]] = {}
-    for process in run.started_processes:
+    for process in run.host.started_processes:
         if process.worked:
             groups.setdefault((process.target, process.location), []).append(process)
     return list(groups.values())
@@ -180,7 +180,7 @@ def _elsewhere(run: Run) -> str | None:
 
 def _raised(run: Run) -> str | None:
     """'train.py raised KeyError at data.py:31, in load: 'label'.' when the script ended with an exception."""
-    ending = run.exit
+    ending = run.host.exit
     if not ending.exception:
         return None
     target = run.manifest.target
@@ -220,7 +220,7 @@ def _trace_file(run: Run) -> Path | None:
 
 def _exception(run: Run) -> ExceptionFacts | None:
     """What the script raised, when it ended with an exception."""
-    ending = run.exit
+    ending = run.host.exit
     if not ending.exception:
         return None
     where = ending.location
@@ -241,7 +241,7 @@ def _window_settings(window: WindowSettings | None) -> WindowSettingsJson | None
 
 
 def _run_facts(run: Run) -> RunFacts:
-    manifest, env, steps = run.manifest, run.env, run.steps
+    manifest, env, steps = run.manifest, run.host.env, run.steps
     distortion, reference, pace = run.distortion, run.reference_step, run.pace
     target, exit_info = manifest.target, manifest.exit
     return {
@@ -251,20 +251,20 @@ def _run_facts(run: Run) -> RunFacts:
         "python": env.python, "torch": env.torch, "cuda": env.cuda_build, "driver": env.driver,
         "gpus": [g.name for g in env.gpus], "cuda_device": env.cuda_device.name if env.cuda_device else None,
         "cores": env.cores,
-        "steps_total": run.steps_in_run, "steps_analysed": len(steps),
+        "steps_total": run.step_view.steps_in_run, "steps_analysed": len(steps),
         "median_step_s": reference.seconds, "step_s": pace.reported_s, "step_s_basis": pace.basis,
         "step_s_steps": pace.steps, "step_s_evaluations": pace.evaluations,
         "step_s_stalls": pace.stalls, "step_source": run.step_source,
         "window_distortion": distortion.ratio, "window_distortion_reason": distortion.reason,
         "median_step_outside_window": reference.outside,
-        "gpu_work_per_step_s": _seconds_or_none(run.gpu_work_per_step_s),
+        "gpu_work_per_step_s": _seconds_or_none(run.gpu_work.per_step_s),
         "host_ran_ahead": run.data_wait is not None and run.data_wait.gpu_bound,
         "ending": exit_info.ending if exit_info else None, "exit_status": exit_info.status if exit_info else None,
         "exception": _exception(run), "window": _window_settings(manifest.window),
         "trace_only": run.trace_only,
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
         "budget": None,  # build_report fills it in, with the findings that claim each slice
-        "host_lines": host_lines_json(run.host_lines),
+        "host_lines": host_lines_json(run.sites.host_lines),
     }
 
 
@@ -273,7 +273,7 @@ def _idle_share(run: Run) -> float | None:
     savings are), else the analysed steps' idle time."""
     budget = run.budget
     if budget is None:
-        return run.gpu_idle_share
+        return run.gpu_work.idle_share
     return budget.idle_share
 
 
@@ -306,7 +306,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         },
         "not_measured": not_measured,
         # The phases are timed in the window's detail steps; the data wait is every step's.
-        "breakdown": _breakdown(run.hooked_steps or steps, run.steady_wait_share, facts["step_s"]),
+        "breakdown": _breakdown(run.step_view.hooked_steps or steps, run.steady_wait_share, facts["step_s"]),
         "steps": [_step_row(s) for s in steps],
         "charts": {
             "steps": step_chart(steps), "timeline": timeline_chart(run), "kernels": kernel_chart(run, launch_bound),

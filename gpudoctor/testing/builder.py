@@ -126,7 +126,7 @@ class BundleBuilder:
                site: Site = SITE_DEFAULT, prefetch_factor: int | None = None, persistent_workers: bool = False,
                drop_last: bool = False, dataset: str = "Dataset", dataset_len: int | None = None,
                start_method: str | None = None, sampler: str | None = "SequentialSampler") -> BundleBuilder:
-        """A DataLoader the script iterated (the first one is `run.loader.main`)."""
+        """A DataLoader the script iterated (the first one is `run.sites.loader.main`)."""
         self._spec.loaders.append(LoaderEvent(
             loader_id=_FIRST_LOADER_ID + len(self._spec.loaders), site=self._site(site, "loader"),
             num_workers=num_workers, pin_memory=pin_memory, batch_size=batch_size,

@@ -1,5 +1,5 @@
 """A training loop whose host spends most of each step in a pure-Python loop (parsing, bookkeeping): the line
-`run.host_lines` should name."""
+`run.sites.host_lines` should name."""
 
 import time
 

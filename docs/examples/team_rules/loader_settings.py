@@ -22,9 +22,9 @@ def loader_settings(run: Run, require_pin_memory: bool = True) -> Iterator[Findi
 
     Fix: `DataLoader(train_set, batch_size=64, num_workers=8, persistent_workers=True, pin_memory=True)`.
     """
-    if not run.loader.loaders:
+    if not run.sites.loader.loaders:
         raise NotEvaluated("the script iterated no DataLoader")
-    for loader in run.loader.loaders:
+    for loader in run.sites.loader.loaders:
         missing = []
         if loader.num_workers > 0 and not loader.persistent_workers:
             missing.append("persistent_workers=True")

@@ -24,7 +24,7 @@ def slow_loader_wait(run: Run, max_wait_s: float = 0.2) -> Iterator[Finding]:
     large shards instead of one file per sample.
     """
     run.require_steps()  # no step detected: the rule is "not evaluated", never "passed"
-    steps = run.steady_steps  # every step after start-up: the data wait is measured at each one
+    steps = run.step_view.steady_steps  # every step after start-up: the data wait is measured at each one
     slow = [s for s in steps if s.data_wait_s > max_wait_s]
     if not slow:
         return
@@ -32,7 +32,7 @@ def slow_loader_wait(run: Run, max_wait_s: float = 0.2) -> Iterator[Finding]:
     yield Finding(
         f"{len(slow)} of {len(steps)} steps waited more than {max_wait_s * 1e3:.0f} ms for data",
         impact=waited / sum(s.wall_s for s in steps),
-        location=run.loader.location,
+        location=run.sites.loader.location,
         evidence={"longest wait": (round(max(s.data_wait_s for s in slow) * 1e3, 1), "ms"),
                   "time in those waits": (round(waited, 2), "s")},
         fix="copy the dataset to local disk (/scratch) before training, or read it as large shards",

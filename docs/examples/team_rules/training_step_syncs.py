@@ -24,12 +24,12 @@ def sync_in_training_step(run: Run, functions: tuple[str, ...] = ("training_step
     in `on_train_batch_end` every N steps.
     """
     steps = len(run.require_steps())
-    for site in run.syncs:
+    for site in run.sites.syncs:
         if site.location is None or site.location.function not in functions:
             continue
         yield Finding(
             f"{site.kind} in {site.location.function}() waits for the GPU {site.count / steps:.0f}x per step",
-            impact=site.host_s / run.wall_s,
+            impact=site.host_s / run.step_view.wall_s,
             location=site.location,
             evidence={"calls per step": round(site.count / steps, 1),
                       "host blocked per step": (round(site.host_s / steps * 1e3, 3), "ms")},
