@@ -1,6 +1,9 @@
 """Helpers shared by the tests: run `python -m gpudoctor ...` for real, in a temporary working directory.
 
-The tests run gpudoctor from this checkout (PYTHONPATH), as a separate process, the way a user runs it.
+The tests run gpudoctor from this checkout (PYTHONPATH), as a separate process, the way a user runs it. Those that
+start processes (gpudoctor's command line, a script under gpudoctor, torchrun) are marked `e2e`: by the fixtures
+below that run gpudoctor (E2E_FIXTURES), by their module (`pytestmark`) or one by one; `pytest -m "not e2e"` runs
+the others, in a few minutes. A test without the mark that starts a process fails, saying so.
 """
 
 from __future__ import annotations
@@ -27,6 +30,32 @@ from gpudoctor.paths import findings_schema
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 E = TypeVar("E", bound=AnyEvent)
+
+# The fixtures that run gpudoctor: a test that uses one is an end-to-end test.
+E2E_FIXTURES = frozenset({"gd", "training_run", "bundle_copy"})
+
+
+GPU_SUITE = Path(__file__).resolve().parent / "gpu"  # its jobs run on a GPU, plainly and under gpudoctor
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())) or GPU_SUITE in item.path.resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _no_process(*args: object, **kwargs: object) -> None:
+    raise AssertionError("this test starts a process: mark it @pytest.mark.e2e (or its module, pytestmark), so that "
+                         '`pytest -m "not e2e"` stays the fast subset')
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test outside the e2e mark starts no process."""
+    if request.node.get_closest_marker("e2e") is None:
+        monkeypatch.setattr(subprocess.Popen, "__init__", _no_process)
+
 
 # A small profiling window, so that a trace is written after a handful of steps.
 WINDOW = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2", "--detail-steps", "1")

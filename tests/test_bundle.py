@@ -210,6 +210,7 @@ def test_a_write_interrupted_by_a_writing_signal_handler_completes(tmp_path: Pat
     assert [r["from"] for r in bundle.read_jsonl(tmp_path / "events.jsonl")] == ["handler", "script"]
 
 
+@pytest.mark.e2e
 def test_the_sigterm_watchdog_ends_the_process_with_sigterm() -> None:
     import signal
     import subprocess

@@ -524,6 +524,7 @@ def loader_starves_gpu(run, max_wait_share: float = 0.25):
 '''
 
 
+@pytest.mark.e2e
 def test_a_rule_with_a_one_line_docstring_runs_under_profile(tmp_path: Path) -> None:
     rule_file = write(tmp_path, "one_line.py", ONE_LINE)
     gd = Gpudoctor(tmp_path)

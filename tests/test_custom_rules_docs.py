@@ -31,6 +31,7 @@ def example(name: str):
     return r
 
 
+@pytest.mark.e2e
 def test_the_page_shows_every_example_file_as_it_is() -> None:
     shown = {title: body for _, title, body in blocks() if title}
     files = {p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("*")
@@ -72,6 +73,7 @@ def _shell_env(bin_dir: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.e2e
 def test_the_walk_through_runs_as_shown(tmp_path: Path) -> None:
     project = tmp_path / "acme"
     project.mkdir()

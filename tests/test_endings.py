@@ -305,6 +305,7 @@ def test_only_a_process_that_may_hold_process_groups_waits_for_their_threads_at_
     assert session.may_hold_process_groups()
 
 
+@pytest.mark.e2e
 def test_gpudoctors_own_work_at_the_end_has_a_deadline() -> None:
     """Finishing that never returns (a native call stuck) ends the process with the script's status after the
     deadline, in one sentence, instead of holding it."""

@@ -107,6 +107,7 @@ TRAIN_DATALOADER_LINE = 29  # tests/scripts/lightning_train.py: `return DataLoad
 TRAINING_ARGUMENTS_LINE = 38  # tests/scripts/hf_trainer.py: `training = TrainingArguments(...)`
 
 
+@pytest.mark.e2e
 def test_a_loader_lightning_rebuilds_keeps_the_line_that_made_it(tmp_path: Path) -> None:
     """Under DDP Lightning builds the loader again with a DistributedSampler: the line to change is still the
     script's own DataLoader(...) in train_dataloader()."""

@@ -13,7 +13,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, checked_findings, env_with
+
+pytestmark = pytest.mark.e2e  # every test here starts processes
 
 BUNDLE = REPO / "fixtures" / "bundles" / "blocking_copy_d2h_bad"
 FILES = ("manifest.json", "events.jsonl", "samples/host.jsonl", "samples/procs.jsonl", "samples/gpu.jsonl",

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import env_with
 
+pytestmark = pytest.mark.e2e  # every test here starts processes
+
 COMMANDS = ("profile", "analyze", "rules")
 RULES_COMMANDS = ("list", "explain", "new")
 OPTION_TYPES = {

@@ -35,6 +35,7 @@ def straggler_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gpudoctor, 
     return gd, checked_findings(gd.cwd / "run" / "findings.json")
 
 
+@pytest.mark.e2e
 def test_the_straggler_is_named_with_its_loader(straggler_job: tuple[Gpudoctor, dict]) -> None:
     _, merged = straggler_job
     first = merged["findings"][0]
@@ -51,6 +52,7 @@ def test_the_straggler_is_named_with_its_loader(straggler_job: tuple[Gpudoctor, 
     assert merged["run"]["step_s"] == max(rank["step_s"] for rank in merged["run"]["ranks"])  # the slowest rank's
 
 
+@pytest.mark.e2e
 def test_the_slow_ranks_own_finding_is_counted_once(straggler_job: tuple[Gpudoctor, dict]) -> None:
     _, merged = straggler_job
     loader = next(f for f in merged["findings"] if f["code"] == "GD101")
@@ -61,6 +63,7 @@ def test_the_slow_ranks_own_finding_is_counted_once(straggler_job: tuple[Gpudoct
     assert ranks[0]["collective_wait_s"] > ranks[1]["collective_wait_s"] == 0.0
 
 
+@pytest.mark.e2e
 def test_each_rank_keeps_its_own_report(straggler_job: tuple[Gpudoctor, dict]) -> None:
     gd, _ = straggler_job
     own = checked_findings(gd.cwd / "run" / "rank-1" / "findings.json")

@@ -30,12 +30,14 @@ def _markers_in_a_fresh_process(monkeypatch: pytest.MonkeyPatch, injection: str 
     return json.loads(done.stdout.splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_without_a_tool_nvtx_and_numpy_stay_unimported(monkeypatch) -> None:
     seen = _markers_in_a_fresh_process(monkeypatch, None)
     assert seen == {"status": "no NVTX tool (Nsight Systems) watches the run, so no ranges are pushed",
                     "nvtx": False, "numpy": False}
 
 
+@pytest.mark.e2e
 def test_under_a_tool_the_ranges_are_pushed(monkeypatch, tmp_path) -> None:
     # A path that loads nothing: NVTX then drops the ranges, as it does when the tool cannot be loaded.
     seen = _markers_in_a_fresh_process(monkeypatch, str(tmp_path / "libNoTool.so"))

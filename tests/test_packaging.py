@@ -15,7 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, WINDOW, script
+
+pytestmark = pytest.mark.e2e  # every test here starts processes
 
 SOURCES = ("pyproject.toml", "README.md", "gpudoctor", "rules", "templates")
 

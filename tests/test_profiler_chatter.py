@@ -116,6 +116,7 @@ print("after", file=sys.stderr)
 """
 
 
+@pytest.mark.e2e
 def test_lines_written_during_a_call_are_sorted_between_terminal_and_log(tmp_path: Path) -> None:
     log = tmp_path / "gpudoctor.log"
     done = subprocess.run([sys.executable, "-c", LINES_IN_A_CALL, str(log)], env=env_with(), capture_output=True,

@@ -6,6 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # every test here starts processes
+
 CHECK = r"""
 import json, sys, threading
 import torch

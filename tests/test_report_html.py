@@ -120,6 +120,7 @@ def _hostile_report(tmp: Path) -> Path:
     return out / "report.html"
 
 
+@pytest.mark.e2e
 def test_hostile_names_render_as_text(tmp_path: Path) -> None:
     report = _hostile_report(tmp_path)
     html = report.read_text(encoding="utf-8")
@@ -156,6 +157,7 @@ def test_hostile_names_render_as_text(tmp_path: Path) -> None:
     assert evil["evidence"][0] == {"name": PAYLOAD, "value": PAYLOAD, "unit": PAYLOAD}
 
 
+@pytest.mark.e2e
 def test_a_long_run_stays_a_small_page(tmp_path: Path) -> None:
     """An hour of samples and thousands of steps: the timeline is bucketed and the page stays far under a few MB."""
     builder = BundleBuilder(tmp_path / "run", window=(100, 5, 1000))
@@ -214,6 +216,7 @@ def _open_in_browser(pages: list[dict], tmp: Path, chromium: str, node: str) -> 
     return json.loads(done.stdout)
 
 
+@pytest.mark.e2e
 def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     chromium, node = _browser()
     shots = SCREENSHOTS if os.environ.get("GPUDOCTOR_UPDATE_SCREENSHOTS") else tmp_path / "screenshots"
@@ -264,6 +267,7 @@ def test_reports_in_a_real_browser(tmp_path: Path) -> None:
     assert any("no problems found" in text for text in healthy["first_screen"]), healthy["first_screen"]
 
 
+@pytest.mark.e2e
 def test_diff_page_in_a_real_browser(tmp_path: Path) -> None:
     """`gpudoctor diff --format html`: a starved run against its fix (docs/screenshots/diff.png), and a run whose
     every name is hostile against itself, every name rendered as text."""

@@ -89,6 +89,7 @@ def _rows(reader: ProcfsTree | PsutilTree) -> dict[int, dict]:
     return {row.pid: row.to_json() for row in reader.sample()}
 
 
+@pytest.mark.e2e
 def test_process_values_match_psutil(tree: Tree) -> None:
     ours = _rows(ProcfsTree(ProcFiles(64), tree.pid))
     theirs = _rows(PsutilTree(tree.pid))
@@ -109,10 +110,12 @@ def test_process_values_match_psutil(tree: Tree) -> None:
     assert ours[tree.workers[0]]["ppid"] == tree.pid
 
 
+@pytest.mark.e2e
 def test_the_root_comes_first(tree: Tree) -> None:
     assert ProcfsTree(ProcFiles(64), tree.pid).sample()[0].pid == tree.pid
 
 
+@pytest.mark.e2e
 def test_without_held_files_the_values_are_the_same(tree: Tree) -> None:
     held = _rows(ProcfsTree(ProcFiles(64), tree.pid))
     opened_each_time = _rows(ProcfsTree(ProcFiles(0), tree.pid))
@@ -142,6 +145,7 @@ def test_busy_percent_is_psutils_formula() -> None:
     assert procfs._busy_percent(before, after) == round(80 / 180 * 100, 1)
 
 
+@pytest.mark.e2e
 def test_a_worker_started_later_is_found_within_the_walk_interval(tree: Tree, monkeypatch) -> None:
     monkeypatch.setattr(procfs, "NEW_PIDS_MAX", 0)  # only the walk of the whole tree can find it
     reader = ProcfsTree(ProcFiles(64), tree.pid)
@@ -150,6 +154,7 @@ def test_a_worker_started_later_is_found_within_the_walk_interval(tree: Tree, mo
     assert _found_within(reader, worker, procfs.REDISCOVER_S + 0.5)
 
 
+@pytest.mark.e2e
 def test_a_worker_started_later_is_found_by_its_new_pid(tree: Tree, monkeypatch) -> None:
     monkeypatch.setattr(procfs, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
     # However many pids other programs on this host take meanwhile, every new one is looked at.
@@ -171,6 +176,7 @@ def _found_within(reader: ProcfsTree, pid: int, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.e2e
 def test_an_exited_worker_is_skipped(tree: Tree) -> None:
     reader = ProcfsTree(ProcFiles(64), tree.pid)
     assert set(_rows(reader)) == {tree.pid, tree.workers[0]}
@@ -178,6 +184,7 @@ def test_an_exited_worker_is_skipped(tree: Tree) -> None:
     assert set(_rows(reader)) == {tree.pid}  # known, then gone before this sample read it
 
 
+@pytest.mark.e2e
 def test_after_the_root_exits_samples_are_empty(tree: Tree) -> None:
     files = ProcFiles(64)
     reader = ProcfsTree(files, tree.pid)
@@ -188,6 +195,7 @@ def test_after_the_root_exits_samples_are_empty(tree: Tree) -> None:
     assert files.held == 0
 
 
+@pytest.mark.e2e
 def test_a_thread_that_exits_is_dropped() -> None:
     script = ("import threading, time\n"
               "t = threading.Thread(target=time.sleep, args=(0.5,)); t.start()\n"
@@ -222,6 +230,7 @@ ORPHANING_ROOT = (
 )
 
 
+@pytest.mark.e2e
 def test_a_process_re_parented_away_leaves_the_tree_at_the_next_sample(monkeypatch) -> None:
     monkeypatch.setattr(procfs, "REDISCOVER_S", 3600.0)  # no walk of the whole tree after the first
     root = subprocess.Popen([sys.executable, "-c", ORPHANING_ROOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -242,6 +251,7 @@ def test_a_process_re_parented_away_leaves_the_tree_at_the_next_sample(monkeypat
         root.wait()
 
 
+@pytest.mark.e2e
 def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp_path: Path) -> None:
     sampler = HostSampler(tmp_path, 0.05)
     sampler.watch(tree.pid)
@@ -260,6 +270,7 @@ def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp
                                            "ctx_invol", "thread_cpu", "run_delay_s", "gpu"]
 
 
+@pytest.mark.e2e
 def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:
     python = tmp_path / "python-with-a-long-name"
     python.symlink_to(sys.executable)
@@ -274,6 +285,7 @@ def test_a_long_name_is_completed_from_the_command_line(tmp_path: Path) -> None:
         process.wait()
 
 
+@pytest.mark.e2e
 def test_psutil_reads_the_tree_where_proc_cannot(tree: Tree) -> None:
     assert isinstance(readers.tree_reader(None, tree.pid), PsutilTree)
     assert isinstance(readers.host_reader(None), PsutilHost)

@@ -520,6 +520,7 @@ def _keys_by_kind(path: Path) -> dict[str, set[str]]:
     return keys
 
 
+@pytest.mark.e2e
 def test_builder_writes_the_fields_the_collectors_write(tmp_path, real_bundle):
     b = BundleBuilder(tmp_path, window=(1, 1, 2))
     b.loader(num_workers=0, batch_size=16)

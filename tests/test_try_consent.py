@@ -84,6 +84,7 @@ def test_a_script_inside_the_run_directory_is_refused_even_with_yes(recorded: Re
                                    "even with --yes.")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["no record", "another host's record"])
 def test_a_received_script_elsewhere_runs_nothing_without_a_terminal(recorded: Result, tmp_path: Path,
                                                                      how: str) -> None:
@@ -116,6 +117,7 @@ def test_a_command_changed_since_it_was_recorded_is_refused_even_with_yes(record
                                    "--yes; profile the script again to try its fixes.")
 
 
+@pytest.mark.e2e
 def test_the_users_own_run_without_a_terminal_says_how_to_confirm(recorded: Result) -> None:
     gd = Gpudoctor(recorded.run_dir.parent)
     result = gd.run("try", "run", "--finding", "GD101")
@@ -141,6 +143,7 @@ def _on_terminal(gd: Gpudoctor, answer: str, *args: str) -> Result:
     return Result(done.returncode, done.stdout, done.stderr, _run_dir_of(args, done.stderr, gd.cwd))
 
 
+@pytest.mark.e2e
 def test_on_a_terminal_a_received_run_runs_only_once_answered_yes(recorded: Result, tmp_path: Path) -> None:
     run = _received(recorded, tmp_path, "no record")
     marker = tmp_path / "ran"
@@ -158,6 +161,7 @@ def test_on_a_terminal_a_received_run_runs_only_once_answered_yes(recorded: Resu
             "elsewhere.") in tried.messages
 
 
+@pytest.mark.e2e
 def test_a_tries_folder_linked_out_of_the_run_is_not_written(recorded: Result, tmp_path: Path) -> None:
     run = _copy(recorded, tmp_path / "cwd" / "run")
     elsewhere = tmp_path / "elsewhere"

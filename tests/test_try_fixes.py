@@ -37,6 +37,7 @@ def tried(tmp_path_factory: pytest.TempPathFactory) -> Result:
     return gd.profile(STARVED, "--checkpoint", "model.pt", options=("--try-fixes",))
 
 
+@pytest.mark.e2e
 def test_the_starved_loaders_fix_is_measured_within_the_band_of_its_twin(tried: Result) -> None:
     assert tried.returncode == 0, tried
     gd101 = _finding(tried, "GD101")
@@ -52,6 +53,7 @@ def test_the_starved_loaders_fix_is_measured_within_the_band_of_its_twin(tried: 
     assert f"measured {measured['step_s'] * 1e3:.1f} ms/step with the fix ({measured['speedup']:.2f}× faster)" in shown
 
 
+@pytest.mark.e2e
 def test_a_tries_files_go_into_its_folder_and_the_scripts_stay_as_the_run_left_them(tried: Result) -> None:
     cwd, folder = tried.run_dir.parent, tried.run_dir / "tries" / "GD101"
     kept, moved = cwd / "model.pt", folder / "outputs" / "model.pt"
@@ -103,6 +105,7 @@ def _with_remedy(tmp_path: Path, remedy: Remedy) -> dict:
     return json.loads(log.read_text().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_a_remedy_sets_the_start_method_and_threads_where_the_script_sets_its_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -110,6 +113,7 @@ def test_a_remedy_sets_the_start_method_and_threads_where_the_script_sets_its_ow
         "default": "spawn", "named": "spawn", "threads": 1, "worker_threads": 1}
 
 
+@pytest.mark.e2e
 def test_a_remedys_threads_stay_in_the_training_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     said = _with_remedy(tmp_path, Remedy(intra_op_threads=2))
@@ -126,6 +130,7 @@ def test_a_remedy_describes_itself_in_the_scripts_terms() -> None:
     assert Remedy(start_method="spawn", rank=1).describe() == 'multiprocessing start method "spawn", on rank 1'
 
 
+@pytest.mark.e2e
 def test_diff_sets_a_resolved_findings_measured_fix_beside_the_later_runs_speedup(tried: Result) -> None:
     gd = Gpudoctor(tried.run_dir.parent)
     fixed = gd.profile(STARVED, *TWIN_ARGS, out="twin")

@@ -33,6 +33,7 @@ def late_run(tmp_path_factory) -> Result:
     return result
 
 
+@pytest.mark.e2e
 def test_each_window_writes_its_own_trace(late_run: Result) -> None:
     opened = [e for e in late_run.events(WindowEvent) if e.state == "opened"]
     closed = [e for e in late_run.events(WindowEvent) if e.state == "closed"]
@@ -49,6 +50,7 @@ def test_each_window_writes_its_own_trace(late_run: Result) -> None:
     assert late_run.manifest()["window"]["every_s"] == 1.0
 
 
+@pytest.mark.e2e
 def test_each_window_analyses_its_own_steps(late_run: Result) -> None:
     run = Run.from_bundle(late_run.run_dir)
     assert len(run.windows) >= 3
@@ -61,6 +63,7 @@ def test_each_window_analyses_its_own_steps(late_run: Result) -> None:
     assert run.step_view.steps_in_run == 100
 
 
+@pytest.mark.e2e
 def test_a_pathology_that_appears_late_is_found_in_the_late_windows_only(late_run: Result) -> None:
     findings = late_run.findings()
     windows = findings["windows"]
@@ -77,11 +80,13 @@ def test_a_pathology_that_appears_late_is_found_in_the_late_windows_only(late_ru
     assert 1 <= findings["run"]["steps_analysed"] <= 3 and findings["run"]["steps_total"] == 100
 
 
+@pytest.mark.e2e
 def test_findings_json_with_windows_matches_the_schema(late_run: Result) -> None:
     schema = json.loads(findings_schema().read_text(encoding="utf-8"))
     jsonschema.Draft202012Validator(schema).validate(late_run.findings())
 
 
+@pytest.mark.e2e
 def test_the_report_and_summary_compare_the_windows(late_run: Result) -> None:
     html = (late_run.run_dir / "report.html").read_text(encoding="utf-8")
     windows = late_run.findings()["windows"]
