@@ -19,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from analyze import BARE, FIXTURE, MB, build_trace, measure_in_turn
+from synthetic_trace import FIXTURE, MB, build_trace
+from timing import BARE, measure_in_turn
 
 
 def main() -> int:

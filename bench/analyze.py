@@ -32,37 +32,16 @@ With several mixes (comma-separated), each gets its table, and a summary of all 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import platform
-import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE = ROOT / "fixtures" / "bundles" / "data_starvation_cpu_bound_fixed" / "trace.json.gz"
-MB = 1_000_000
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-ID_ARGS = ("correlation", "External id", "Python id", "Python parent id", "Sequence number")
-_STEPS_AND_GPU = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "user_annotation"})
-# The categories of the replicated events each mix keeps (None: all of them).
-MIXES: dict[str, frozenset[str] | None] = {
-    "recorded": None,
-    "gpu": _STEPS_AND_GPU,
-    "gpu+runtime": _STEPS_AND_GPU | {"cuda_runtime", "cuda_driver"},
-}
-TARGET_VS_HTA, TARGET_VS_BARE, TARGET_MEMORY_VS_HTA = 10.0, 1.0, 0.25
+from synthetic_trace import FIXTURE, MB, MIXES, build_trace
+from timing import BARE, cpu_model, has_module, measure_in_turn, versions
 
-BARE = """
-import gzip, sys, orjson
-with gzip.open(sys.argv[1], "rb") as f:
-    trace = orjson.loads(f.read())
-print(len(trace["traceEvents"]), "events")
-"""
+TARGET_VS_HTA, TARGET_VS_BARE, TARGET_MEMORY_VS_HTA = 10.0, 1.0, 0.25
 
 HTA = """
 import logging, sys
@@ -83,197 +62,6 @@ except ValueError as exc:  # HTA keeps only the kernels that a CUDA runtime call
 else:
     print(idle.to_string())
 """
-NO_KERNEL = "HTA kept no kernel"
-
-# Runs one command and reports its wall time, and the CPU time (user + system) and the peak RSS of it and its
-# children (ru_maxrss, KiB on Linux).
-MEASURE = """
-import json, resource, subprocess, sys, time
-started = time.perf_counter()
-with open(sys.argv[1], "wb") as log:
-    rc = subprocess.run(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT).returncode
-wall = time.perf_counter() - started
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"rc": rc, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "maxrss_kib": usage.ru_maxrss}))
-"""
-
-
-# -- the synthetic trace ---------------------------------------------------------------------------
-def build_trace(fixture: Path, size_mb: float, out: Path, info_path: Path | None = None,
-                mix: str = "recorded") -> dict[str, Any]:
-    """Write `out` (gzipped) holding about size_mb MB of JSON: the fixture's steps, replicated, with the events of
-    `mix` only; describe it in `info_path` (default: beside it)."""
-    info_path = info_path or out.with_name(out.name + ".info.json")
-    want = {"fixture": str(fixture), "fixture_bytes": fixture.stat().st_size, "size_mb": size_mb, "version": 3,
-            "mix": mix}
-    if out.is_file() and info_path.is_file():
-        info = json.loads(info_path.read_text())
-        if info.get("built_from") == want:
-            return info
-    with gzip.open(fixture, "rb") as f:
-        trace = json.loads(f.read())
-    events = trace.pop("traceEvents")
-    trace_name = trace.pop("traceName", None)
-    once = [e for e in events if e.get("ph") in ("M", "i") or e.get("cat") == "Trace"]
-    repeated = [e for e in events if not (e.get("ph") in ("M", "i") or e.get("cat") == "Trace")]
-    steps = sorted(int(m.group(1)) for e in repeated if e.get("cat") == "user_annotation"
-                   for m in [_STEP.match(str(e.get("name", "")))] if m)
-    if not steps:
-        sys.exit(f"{fixture} has no ProfilerStep#N annotations to replicate; choose a fixture that has, such as "
-                 f"{FIXTURE.relative_to(ROOT)}")
-    first_step, n_steps = steps[0], steps[-1] - steps[0] + 1
-    timed = [e for e in repeated if "ts" in e]
-    t0 = min(float(e["ts"]) for e in timed)
-    t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed)
-    starts = sorted(float(e["ts"]) for e in repeated if e.get("cat") == "user_annotation"
-                    and _STEP.match(str(e.get("name", ""))))
-    gap = (starts[-1] - starts[0]) / max(1, len(starts) - 1) * 0.05  # a little idle time between replicas
-    period = (t1 - t0) + gap
-    id_stride = 1 + max([int(e["id"]) for e in repeated if isinstance(e.get("id"), int)]
-                        + [int(v) for e in repeated for k, v in (e.get("args") or {}).items()
-                           if k in ID_ARGS and isinstance(v, int)] + [0])
-    kept = MIXES[mix]
-    if kept is not None:
-        repeated = [e for e in repeated if e.get("cat") in kept]
-    header = {"distributedInfo": {"rank": 0, "world_size": 1}, **trace}  # HTA finds the rank near the top
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    target = int(size_mb * MB)
-    written = replicas = count = 0
-    tmp = out.with_name(out.name + ".tmp")
-    started = time.perf_counter()
-    with gzip.open(tmp, "wb", compresslevel=6) as f:
-        def write(text: str) -> None:
-            nonlocal written
-            data = text.encode()
-            written += len(data)
-            f.write(data)
-
-        write("{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in header.items())
-              + ',\n  "traceEvents": [\n')
-        tail = '\n  ],\n  "traceName": ' + json.dumps(trace_name or str(out)) + "\n}\n"
-        parts = ["  " + json.dumps(e) for e in once]
-        write(",\n".join(parts))
-        count += len(once)
-        while written + len(tail) < target:
-            block = ",\n" + ",\n".join("  " + json.dumps(_shifted(e, replicas, period, n_steps, id_stride))
-                                       for e in repeated)
-            write(block)
-            count += len(repeated)
-            replicas += 1
-            print(f"\rbuilding {out.name}: {written / MB:,.0f} of {size_mb:,.0f} MB", end="", file=sys.stderr,
-                  flush=True)
-        write(tail)
-    print(file=sys.stderr)
-    os.replace(tmp, out)
-    gpu = sum(1 for e in repeated if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
-    info = {"built_from": want, "json_bytes": written, "gz_bytes": out.stat().st_size, "events": count,
-            "gpu_events": gpu * replicas, "replicas": replicas, "steps": replicas * n_steps,
-            "first_step": first_step, "build_s": round(time.perf_counter() - started, 1)}
-    info_path.write_text(json.dumps(info, indent=2))
-    return info
-
-
-def _shifted(event: dict[str, Any], replica: int, period: float, n_steps: int, id_stride: int) -> dict[str, Any]:
-    if replica == 0:
-        return event
-    e = dict(event)
-    if "ts" in e:
-        e["ts"] = round(float(e["ts"]) + replica * period, 3)
-    if isinstance(e.get("id"), int):
-        e["id"] = e["id"] + replica * id_stride
-    name = e.get("name")
-    if isinstance(name, str) and name.startswith("ProfilerStep#"):
-        match = _STEP.match(name)
-        if match:
-            e["name"] = f"ProfilerStep#{int(match.group(1)) + replica * n_steps}"
-    args = e.get("args")
-    if isinstance(args, dict) and any(k in args for k in ID_ARGS):
-        e["args"] = {k: (v + replica * id_stride if k in ID_ARGS and isinstance(v, int) and v > 0 else v)
-                     for k, v in args.items()}
-    return e
-
-
-# -- measuring -------------------------------------------------------------------------------------
-def run_once(label: str, command: list[str], log: Path) -> dict[str, Any]:
-    """Run `command` once in a fresh process: its exit status, wall time and peak RSS (KiB)."""
-    result = subprocess.run([sys.executable, "-c", MEASURE, str(log), *command],
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0 or not result.stdout.strip():
-        sys.exit(f"{label}: the measuring process failed\n{result.stderr[-2000:]}")
-    run: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    if run["rc"] != 0:
-        tail = log.read_text(errors="replace")[-1500:]
-        print(f"{label}: exit status {run['rc']}; the last of {log}:\n{tail}", file=sys.stderr)
-    return run
-
-
-def _summary(label: str, log: Path, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The least wall time and the largest peak RSS of `runs`."""
-    no_kernel = NO_KERNEL in log.read_text(errors="replace") if log.is_file() else False
-    return {"label": label + (" [no kernel kept]" if no_kernel else ""), "log": str(log),
-            "rc": max(r["rc"] for r in runs), "wall_s": min(r["wall_s"] for r in runs),
-            "walls": [r["wall_s"] for r in runs], "cpu_s": min(r.get("cpu_s", 0.0) for r in runs),
-            "maxrss_kib": max(r["maxrss_kib"] for r in runs), "no_kernel": no_kernel}
-
-
-def measure(label: str, command: list[str], log: Path, repeat: int = 1) -> dict[str, Any]:
-    """Run `command` `repeat` times, each in a fresh process: the least wall time, the largest peak RSS."""
-    runs = []
-    for i in range(repeat):
-        print(f"running {label} ({i + 1} of {repeat}) ...", file=sys.stderr, flush=True)
-        runs.append(run_once(label, command, log))
-        if runs[-1]["rc"] != 0:
-            break
-    return _summary(label, log, runs)
-
-
-def measure_in_turn(commands: list[tuple[str, list[str], Path]], repeat: int) -> list[dict[str, Any]]:
-    """Run each of `commands` (label, command line, log) `repeat` times, in turn: a, b, c, a, b, c, ..."""
-    runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in commands}
-    for i in range(repeat):
-        for label, command, log in commands:
-            if runs[label] and runs[label][-1]["rc"] != 0:
-                continue
-            print(f"running {label} ({i + 1} of {repeat}) ...", file=sys.stderr, flush=True)
-            runs[label].append(run_once(label, command, log))
-    return [_summary(label, log, runs[label]) for label, _, log in commands]
-
-
-def versions(hta_python: str | None) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    from gpudoctor import __version__
-
-    found = {"python": platform.python_version(), "gpudoctor": __version__}
-    for name in ("orjson",):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            found[name] = "not installed"
-    if hta_python:
-        probe = ("from importlib.metadata import version as v; import json\n"
-                 "out = {}\nfor n in ('HolisticTraceAnalysis', 'pandas', 'numpy', 'ijson'):\n"
-                 "    try: out[n] = v(n)\n    except Exception: pass\nprint(json.dumps(out))")
-        result = subprocess.run([hta_python, "-c", probe], capture_output=True, text=True, check=False)
-        if result.returncode == 0:
-            found.update(json.loads(result.stdout))
-    return found
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def has_module(python: str, module: str) -> bool:
-    return subprocess.run([python, "-c", f"import {module}"], capture_output=True, check=False).returncode == 0
-
 
 def main() -> None:
     args = parse_args()

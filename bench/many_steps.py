@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from analyze import cpu_model, measure  # after the path insert: bench/ is a folder of scripts, not a package
+from timing import cpu_model, measure  # after the path insert: each benchmark runs as a script of bench/
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "bundles" / "data_starvation_late"
