@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from figures import Figures, add_json_option
 from synthetic_trace import FIXTURE, MB, build_trace
 from timing import BARE, measure_in_turn
 
@@ -46,6 +47,12 @@ def main() -> int:
         print(f"{row['label']:18} {row['wall_s']:6.2f} s  (runs: {', '.join(f'{w:.2f}' for w in row['walls'])})")
     met = ratio <= args.max_ratio
     print(f"gpudoctor analyze / bare parse: {ratio:.2f}x (at most {args.max_ratio:g}x: {'met' if met else 'missed'})")
+    figures = Figures("analysis_guard", args.json)
+    figures.set("trace", info)
+    for row in (bare, analysis):
+        figures.set(row["label"], {"wall_s": row["wall_s"], "walls": row["walls"], "maxrss_kib": row["maxrss_kib"]})
+    figures.set("ratio", ratio)
+    figures.write()
     return 0 if met else 1
 
 
@@ -58,6 +65,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--fixture", type=Path, default=FIXTURE, help="the recorded trace to scale up")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpudoctor-bench-guard"),
                         help="where the trace (kept between runs) and the outputs go")
+    add_json_option(parser)
     return parser.parse_args()
 
 

@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from figures import Figures, add_json_option
 from synthetic_trace import FIXTURE, MB, MIXES, build_trace
 from timing import BARE, cpu_model, has_module, measure_in_turn, versions
 
@@ -75,13 +76,17 @@ def main() -> None:
     if "hta" not in skip and not backends:
         print("HTA skipped: pass --hta-python (a Python with HolisticTraceAnalysis installed)", file=sys.stderr)
     found = versions(hta_python)
+    figures = Figures("analyze", args.json)
+    figures.set("versions", found)
     results = []
     for mix in mixes:
         info, rows = bench_mix(args, mix, skip, hta_python, backends)
         print_table(args, info, rows, found, mix)
         results.append((mix, info, rows))
+        figures.set(mix, {"trace": info, "runs": rows})
     if len(results) > 1:
         print_summary(results)
+    figures.write()
 
 
 def parse_args() -> argparse.Namespace:
@@ -101,6 +106,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip", default="", help="comma-separated: bare, gpudoctor, hta")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each, in turn (the least wall time is shown, all of them beside it)")
+    add_json_option(parser)
     return parser.parse_args()
 
 

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import Figures, add_json_option
+
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = {"small_batch_bad": 6000, "healthy_transformer": 1200, "lm_manual_sgd_bad": 2000,
          "gan_two_optimizers_bad": 2500, "sync_point_bad": 600, "tiny_batch_ops_bad": 800, "healthy_trainer": 5000}
@@ -80,7 +82,10 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the samples and results here (JSON)")
+    add_json_option(parser)
     args = parser.parse_args()
+    columns = ["fixture", "NVML utilization, plain run", "budget: profiled steps", "budget: at the run's pace"]
+    figures = Figures("gpu_busy_check", args.json, columns)
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     print("| fixture | NVML utilization, plain run | budget: profiled steps | budget: at the run's pace |")
@@ -95,10 +100,14 @@ def main() -> None:
         results[name] = {"util": statistics.fmean(steady) if steady else None, "samples": len(steady),
                          "step_s": step_s, "profiled": profiled, "paced": paced, "raw": samples}
         util = f"{results[name]['util']:.0f}%" if steady else "—"
-        print(f"| {name} | {util} ({len(steady)} samples, plain step {step_s * 1e3:.1f} ms) | {profiled:.0%} "
-              f"| {paced:.0%} |", flush=True)
+        cells = [name, f"{util} ({len(steady)} samples, plain step {step_s * 1e3:.1f} ms)", f"{profiled:.0%}",
+                 f"{paced:.0%}"]
+        print(f"| {' | '.join(cells)} |", flush=True)
+        figures.row(*cells)
+        figures.set(name, {k: v for k, v in results[name].items() if k != "raw"})
     if args.out:
         args.out.write_text(json.dumps(results))
+    figures.write()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from figures import Figures, add_json_option
 from gpudoctor.bundle import EVENTS
 from gpudoctor.launch.samplers import COMPACT_EVERY_S, PCIE_EVERY, SampleFile, WindowSpans
 
@@ -233,7 +234,7 @@ def print_compaction_cost(stats: dict[str, FileStats]) -> float:
 
 
 # -- the run -----------------------------------------------------------------------------------------------
-def simulate(run_dir: Path, hours: float) -> None:
+def simulate(run_dir: Path, hours: float, figures: Figures) -> None:
     rng = random.Random(7)
     makers = {"host": HostRows(rng), "procs": ProcsRows(rng), "gpu": GpuRows(rng)}
     jitter = [rng.randrange(0, 10_000) / 1e7 for _ in range(POOL)]
@@ -259,21 +260,30 @@ def simulate(run_dir: Path, hours: float) -> None:
     core_share = print_compaction_cost(stats)
     total = sum(s.size_after_compaction for s in stats.values()) / MB
     raw = sum(s.raw_bytes for s in stats.values()) / MB
+    peak_mb = peak_rss_mb()
     print(f"\ndisk after {hours_label(samples / HZ)}: {total:.1f} MB (raw would be {raw:.0f} MB, {raw / total:.0f}x "
-          f"less); compaction: {core_share:.2f}% of one core; peak RSS: {peak_rss_mb():.0f} MB")
+          f"less); compaction: {core_share:.2f}% of one core; peak RSS: {peak_mb:.0f} MB")
+    figures.set("hours", samples / HZ / 3600)
+    figures.set("disk_mb", total)
+    figures.set("raw_mb", raw)
+    figures.set("compaction_core_percent", core_share)
+    figures.set("peak_rss_mb", peak_mb)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hours", type=float, default=24.0, help="simulated hours (rounded to 5 minutes)")
+    add_json_option(parser)
     args = parser.parse_args()
+    figures = Figures("long_run", args.json)
     started = time.monotonic()
     run_dir = Path(tempfile.mkdtemp(prefix="gpudoctor-long-run-"))
     try:
-        simulate(run_dir, args.hours)
+        simulate(run_dir, args.hours, figures)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     print(f"wall time: {time.monotonic() - started:.0f} s")
+    figures.write()
 
 
 if __name__ == "__main__":

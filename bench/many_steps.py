@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from figures import Figures, add_json_option
 from timing import cpu_model, measure  # after the path insert: each benchmark runs as a script of bench/
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--fixture", type=Path, default=FIXTURE, help="the recorded bundle to grow")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/gpudoctor-bench-many-steps"))
     parser.add_argument("--repeat", type=int, default=1, help="runs of each (least wall time, largest peak)")
+    add_json_option(parser)
     args = parser.parse_args()
 
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +86,12 @@ def main() -> None:
         print(f"each added step: {per_step_kb:.2f} kB of peak memory, {per_step_us:.1f} us of analysis; "
               f"wall time {big['wall_s'] / small['wall_s']:.2f}x, peak memory "
               f"{big['maxrss_kib'] / small['maxrss_kib']:.2f}x the recorded bundle's")
+    figures = Figures("many_steps", args.json, ["bundle", "steps", "events MB", "wall s", "peak MB"])
+    for name, row in rows.items():
+        figures.row(name, row["steps"], f"{row['events_mb']:.1f}", f"{row['wall_s']:.2f}",
+                    f"{row['maxrss_kib'] / 1024:.0f}")
+        figures.set(name, row)
+    figures.write()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from figures import Figures, add_json_option
 from overhead_runs import (
     AFTER_WINDOW_STEP,
     MODES,
@@ -298,6 +299,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--small", action="store_true", help="smaller models, for a quick try on a CPU")
     parser.add_argument("--run-timeout", type=float, default=None,
                         help="seconds before one run is killed and reported (default 60 + 5 × --seconds)")
+    add_json_option(parser)
     args = parser.parse_args()
     if args.run_timeout is None:
         args.run_timeout = 60 + 5 * args.seconds
@@ -307,13 +309,21 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     python = sys.executable
-    print(describe_machine(python), flush=True)
+    machine = describe_machine(python)
+    print(machine, flush=True)
     scratch = Path(tempfile.mkdtemp(prefix="gpudoctor-bench-"))
     try:
         verdicts = [benchmark_workload(python, workload, args, scratch) for workload in args.workloads]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print_targets(verdicts)
+    figures = Figures("overhead", args.json, ["workload", "whole-job wall ratio", "throughput ratio after the window"])
+    figures.set("machine", machine)
+    for v in verdicts:
+        figures.row(v.workload, *(f"{r:.3f}x" if r is not None else "not measured"
+                                  for r in (v.wall_ratio, v.throughput_ratio)))
+        figures.set(v.workload, {"wall_ratio": v.wall_ratio, "throughput_ratio": v.throughput_ratio})
+    figures.write()
 
 
 if __name__ == "__main__":

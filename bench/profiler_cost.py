@@ -32,6 +32,8 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from figures import Figures, add_json_option
+
 SETTINGS = ("plain", "cuda", "cuda+step", "cpu+cuda", "cpu+cuda+shapes")
 
 
@@ -99,7 +101,7 @@ def block(step, setting: str, steps: int, sync) -> list[float]:
     return times
 
 
-def measure(name: str, make, blocks: int, steps: int, device: str) -> None:
+def measure(name: str, make, blocks: int, steps: int, device: str, figures: Figures) -> None:
     step = make(device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for _ in range(20):
@@ -113,6 +115,8 @@ def measure(name: str, make, blocks: int, steps: int, device: str) -> None:
     for setting in SETTINGS:
         median = statistics.median(times[setting])
         print(f"{name:8s} {setting:16s} {median * 1e3:8.3f} ms/step  {median / plain:5.2f}x plain", flush=True)
+        figures.row(name, setting, f"{median * 1e3:.3f} ms", f"{median / plain:.2f}x")
+        figures.set(f"{name} {setting}", {"median_s": median, "over_plain": median / plain})
 
 
 def trace_contents(out: Path, device: str) -> None:
@@ -145,11 +149,14 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--steps-per-block", type=int, default=20)
     parser.add_argument("--out", type=Path)
+    add_json_option(parser)
     args = parser.parse_args()
+    figures = Figures("profiler_cost", args.json, ["workload", "setting", "step", "over plain"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}")
     for name, make in (("tiny", tiny), ("trainer", trainer)):
-        measure(name, make, args.blocks, args.steps_per_block, device)
+        measure(name, make, args.blocks, args.steps_per_block, device, figures)
+    figures.write()
     if args.out is not None and device == "cuda":
         args.out.mkdir(parents=True, exist_ok=True)
         trace_contents(args.out, device)

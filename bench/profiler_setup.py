@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from figures import Figures, add_json_option
+
 CHILD = r"""
 import json, os, sys, threading, time
 plan = sys.argv[1]
@@ -160,7 +162,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per plan, the plans taken in turn")
     parser.add_argument("--plans", default=",".join(PLANS), help=f"comma-separated: {', '.join(PLANS)}")
     parser.add_argument("--spy", help="py-spy executable: dump the main plan's stack during its first start")
+    add_json_option(parser)
     args = parser.parse_args()
+    figures = Figures("profiler_setup", args.json)
     plans = args.plans.split(",")
     results: dict[str, list[dict[str, float]]] = {plan: [] for plan in plans}
     for run in range(args.runs):
@@ -171,6 +175,8 @@ def main() -> None:
             values = [r[key] for r in runs if key in r]
             shown = ", ".join(f"{v:.4f}" for v in values)
             print(f"{plan:10s} {key:22s} median {statistics.median(values):9.4f}  [{shown}]", flush=True)
+            figures.set(f"{plan} {key}", {"median": statistics.median(values), "runs": values})
+    figures.write()
 
 
 if __name__ == "__main__":

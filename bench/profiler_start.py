@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 
+from figures import Figures, add_json_option
+
 CHILD = r"""
 import json, sys, time
 import torch
@@ -71,13 +73,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per model")
     parser.add_argument("--model", default="mlp,conv", help="comma-separated: mlp, conv")
+    add_json_option(parser)
     args = parser.parse_args()
+    figures = Figures("profiler_start", args.json)
     for model in args.model.split(","):
         runs = [one_run(model) for _ in range(args.runs)]
         for key in ("first_start_s", "first_stop_s", "second_start_s", "second_stop_s"):
             values = [run[key] for run in runs]
             shown = ", ".join(f"{v:.3f}" for v in values)
             print(f"{model:5s} {key:15s} median {statistics.median(values):.3f} s  [{shown}]", flush=True)
+            figures.set(f"{model} {key}", {"median_s": statistics.median(values), "runs": values})
+    figures.write()
 
 
 if __name__ == "__main__":

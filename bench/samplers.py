@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from figures import Figures, add_json_option
 from gpudoctor.bundle import SAMPLE_FILES, SAMPLES_DIR, JsonlWriter
 from gpudoctor.launch.samplers import HostSampler
 
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=20, help="threads of the main process")
     parser.add_argument("--workers", type=int, default=8, help="worker processes, 3 threads each")
+    add_json_option(parser)
     args = parser.parse_args()
     tree, workers = start_tree(args.threads, args.workers)
     scratch = Path(tempfile.mkdtemp(prefix="gpudoctor-bench-samplers-"))
@@ -176,6 +178,11 @@ def report(costs: dict[str, list[float]], seen: dict[str, tuple[int, int]], args
         print(f"{label:26}{procs:>10}{threads:>9}{len(costs[name]):>9}{per_sample * 1e3:>11.3f}{share[name]:>23.2%}")
     met = "met" if share["b"] < TARGET_CORE_SHARE else "NOT met"
     print(f"before / now: {share['a'] / share['b']:.1f}x; target under {TARGET_CORE_SHARE:.0%} of one core: {met}")
+    figures = Figures("samplers", args.json)
+    for name, label in labels.items():
+        figures.set(label, {"core_share": share[name], "samples": len(costs[name]),
+                            "ms_per_sample": sum(costs[name]) / len(costs[name]) * 1e3, "tree": seen[name]})
+    figures.write()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from figures import Figures, add_json_option
+
 LOOP = r"""
 import sys, time, torch
 from torch import nn
@@ -53,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=10, help="epochs of 512 steps each")
+    add_json_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
@@ -73,6 +76,10 @@ def main() -> None:
     added = statistics.median(g - p for p, g in rows)
     print(f"median: +{added:.1f} us a step ({statistics.median(g / p for p, g in rows):.3f}x on these steps); "
           f"{added / 1000:.1%} of a 1 ms step, {added / 5000:.1%} of a 5 ms step")
+    figures = Figures("step_cost", args.json)
+    figures.set("pairs_us_per_step", [{"plain": p, "gpudoctor": g} for p, g in rows])
+    figures.set("added_us_per_step", added)
+    figures.write()
 
 
 if __name__ == "__main__":

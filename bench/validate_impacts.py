@@ -16,11 +16,13 @@ docs/rules.md holds its output.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
+from figures import Figures, add_json_option
 from gpudoctor.engine import builtin_rules, run_rules
 from gpudoctor.testing import load_fixture
 from gpudoctor.testing.pairs import PAIRS, FixturePair
@@ -69,7 +71,7 @@ def tried_gain(pair: FixturePair, tries: dict[tuple[str, str], dict[str, Any]]) 
 
 
 def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any],
-        tries: dict[tuple[str, str], dict[str, Any]]) -> str:
+        tries: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
     bad, fixed = (measured_times(fixtures, name, pair.per_sample) for name in (pair.bad, pair.fixed))
     measured = 1 - statistics.fmean(fixed) / statistics.fmean(bad)
     predicted, basis = predicted_gain(pair, rules)
@@ -83,22 +85,30 @@ def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any],
         return " / ".join(f"{v * scale:.2f}" for v in values) + " ms"
 
     machine = str(fixtures[pair.bad].get("machine") or "").split(",")[0]
-    return (f"| {pair.bad} → {pair.fixed} | {rules_shown} | {predicted:.0%} | {tried_gain(pair, tries)} | "
-            f"{measured:.0%} | "
-            f"{'—' if error is None else f'{error:+.0%}'} | {times(bad)} | {times(fixed)} ({unit}) | "
-            f"{'yes' if close else 'no'} | {machine} |")
+    return [f"{pair.bad} → {pair.fixed}", rules_shown, f"{predicted:.0%}", tried_gain(pair, tries), f"{measured:.0%}",
+            "—" if error is None else f"{error:+.0%}", times(bad), f"{times(fixed)} ({unit})",
+            "yes" if close else "no", machine]
+
+
+COLUMNS = ["bad → fixed", "rules", "predicted saving", "tried (--try-fixes)", "measured gain", "relative error",
+           "bad, each run", "fixed, each run", "within ±30% or ±0.05", "GPU"]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_json_option(parser)
+    figures = Figures("validate_impacts", parser.parse_args().json, COLUMNS)
     fixtures = json.loads((ROOT / "fixtures" / "measurements.json").read_text())["fixtures"]
     rules = {r.code: r for r in builtin_rules()}
     recorded = json.loads((ROOT / "fixtures" / "tries.json").read_text())["pairs"]
     tries = {(r["bad"], r["code"]): r for r in recorded}
-    print("| bad → fixed | rules | predicted saving | tried (--try-fixes) | measured gain | relative error | "
-          "bad, each run | fixed, each run | within ±30% or ±0.05 | GPU |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| {' | '.join(COLUMNS)} |")
+    print(f"|{' --- |' * len(COLUMNS)}")
     for pair in PAIRS:
-        print(row(pair, fixtures, rules, tries))
+        cells = row(pair, fixtures, rules, tries)
+        print(f"| {' | '.join(cells)} |")
+        figures.row(*cells)
+    figures.write()
 
 
 if __name__ == "__main__":

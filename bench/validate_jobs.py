@@ -21,8 +21,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from figures import Figures, add_json_option
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
@@ -93,21 +96,21 @@ def recorded_prediction(name: str, rule: str) -> tuple[float, str]:
     return impact, merged["summary"]["verdict"]
 
 
-def print_recorded() -> None:
+def print_recorded(say: Callable[[str], None]) -> None:
     measured = json.loads((RECORDED / "measurements.json").read_text())
     jobs, gpus = measured["jobs"], ", ".join(measured["machine"].get("gpus") or [])
     print(f"recorded on {gpus}")
-    print("| job → fixed twin | launched by | rule | predicted saving | measured gain | bad, each run "
-          "| fixed, each run | within ±30% or ±0.05 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    say("| job → fixed twin | launched by | rule | predicted saving | measured gain | bad, each run "
+        "| fixed, each run | within ±30% or ±0.05 |")
+    say("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for bad, fixed, rule, launch in RECORDED_PAIRS:
         bad_s, fixed_s = jobs[bad]["plain"]["step_s"], jobs[fixed]["plain"]["step_s"]
         gain = 1 - statistics.fmean(fixed_s) / statistics.fmean(bad_s)
         guess, _ = recorded_prediction(bad, rule)
         within = abs(guess - gain) <= ABSOLUTE or (gain > 0 and abs(guess - gain) / gain <= RELATIVE)
-        print(f"| {bad} → {fixed} | {launch} | {rule} | {guess:.1%} | {gain:.1%} | "
-              f"{' / '.join(f'{t * 1e3:.1f} ms' for t in bad_s)} | {' / '.join(f'{t * 1e3:.1f} ms' for t in fixed_s)} "
-              f"| {'yes' if within else 'no'} |")
+        say(f"| {bad} → {fixed} | {launch} | {rule} | {guess:.1%} | {gain:.1%} | "
+            f"{' / '.join(f'{t * 1e3:.1f} ms' for t in bad_s)} | {' / '.join(f'{t * 1e3:.1f} ms' for t in fixed_s)} "
+            f"| {'yes' if within else 'no'} |")
     for fixed in sorted({pair[1] for pair in RECORDED_PAIRS}):
         _, verdict = recorded_prediction(fixed, "GD601")
         print(f"{fixed}: {verdict}")
@@ -117,23 +120,38 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--recorded", action="store_true", help="the two-GPU jobs of fixtures/job_bundles/")
+    add_json_option(parser)
     args = parser.parse_args()
+    figures = Figures("validate_jobs", args.json)
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line)
+        lines.append(line)
+
     if args.recorded:
-        print_recorded()
-        return
-    print("| job → fixed twin | rule | predicted saving | measured gain | bad, each run | fixed, each run "
-          "| within ±30% or ±0.05 |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+        print_recorded(say)
+    else:
+        measure_here(args.runs, say)
+    figures.markdown(lines)
+    figures.write()
+
+
+def measure_here(runs: int, say: Callable[[str], None]) -> None:
+    """Each pair run plainly here, `runs` times, beside what its rule predicts."""
+    say("| job → fixed twin | rule | predicted saving | measured gain | bad, each run | fixed, each run "
+        "| within ±30% or ±0.05 |")
+    say("| --- | --- | --- | --- | --- | --- | --- |")
     for pair in PAIRS:
         bad, fixed = [], []
-        for _ in range(args.runs):
+        for _ in range(runs):
             bad.append(plain_ms(pair, pair.bad))
             fixed.append(plain_ms(pair, pair.fixed))
         gain = 1 - statistics.fmean(fixed) / statistics.fmean(bad)
         guess = predicted(pair)
         within = abs(guess - gain) <= ABSOLUTE or (gain > 0 and abs(guess - gain) / gain <= RELATIVE)
-        print(f"| {pair.name} | {pair.rule} | {guess:.0%} | {gain:.0%} | {' / '.join(f'{t:.1f} ms' for t in bad)} | "
-              f"{' / '.join(f'{t:.1f} ms' for t in fixed)} | {'yes' if within else 'no'} |")
+        say(f"| {pair.name} | {pair.rule} | {guess:.0%} | {gain:.0%} | {' / '.join(f'{t:.1f} ms' for t in bad)} | "
+            f"{' / '.join(f'{t:.1f} ms' for t in fixed)} | {'yes' if within else 'no'} |")
 
 
 if __name__ == "__main__":

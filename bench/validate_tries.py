@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT / "fixtures"))
 
 from record import PROFILE_OPTIONS, SCRIPTS, machine_facts, run_group, script_result  # noqa: E402
 
+from figures import Figures, add_json_option  # noqa: E402
+
 RECORDED = ROOT / "fixtures" / "tries.json"
 TRIED_BAND, PREDICTED_BAND = 0.10, 0.30
 
@@ -170,10 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain-runs", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=240.0, help="time limit of one command")
     parser.add_argument("--from", dest="source", type=Path, default=RECORDED, help="a recorded tries.json")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     if args.record:
         return record(args.record, {n for n in args.only.split(",") if n}, args.plain_runs, args.timeout_s)
-    print(table(json.loads(args.source.read_text())))
+    shown = table(json.loads(args.source.read_text()))
+    print(shown)
+    figures = Figures("validate_tries", args.json)
+    figures.markdown(shown.splitlines())
+    figures.write()
     return 0
 
 

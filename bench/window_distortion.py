@@ -14,6 +14,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from figures import Figures, add_json_option
 from gpudoctor.analysis import Run
 
 BUNDLES = Path(__file__).resolve().parent.parent / "fixtures" / "bundles"
@@ -22,7 +23,10 @@ BUNDLES = Path(__file__).resolve().parent.parent / "fixtures" / "bundles"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bundles", type=Path, default=BUNDLES, help="a directory of run bundles")
+    add_json_option(parser)
     args = parser.parse_args()
+    figures = Figures("window_distortion", args.json,
+                      ["fixture", "step source", "profiled step", "step outside", "distortion", "window"])
     print("| fixture | step source | profiled step | step outside | distortion | window |")
     print("| --- | --- | --- | --- | --- | --- |")
     ratios: dict[str, list[float]] = {}
@@ -33,15 +37,20 @@ def main() -> None:
         light = settings is not None and settings.detail > 0
         kind = "GPU activity only, detail steps after" if light else "CPU + CUDA, shapes, hooks"
         if distortion.ratio is None:
-            print(f"| {bundle.name} | {run.step_source} | — | — | — ({distortion.reason}) | {kind} |")
-            continue
-        ratios.setdefault(kind, []).append(distortion.ratio)
-        print(f"| {bundle.name} | {run.step_source} | {distortion.profiled_s * 1e3:.2f} ms "
-              f"| {distortion.unprofiled_s * 1e3:.2f} ms | {distortion.ratio:.2f}x | {kind} |")
+            cells = [bundle.name, run.step_source, "—", "—", f"— ({distortion.reason})", kind]
+        else:
+            ratios.setdefault(kind, []).append(distortion.ratio)
+            cells = [bundle.name, run.step_source, f"{distortion.profiled_s * 1e3:.2f} ms",
+                     f"{distortion.unprofiled_s * 1e3:.2f} ms", f"{distortion.ratio:.2f}x", kind]
+            figures.set(bundle.name, distortion.ratio)
+        figures.row(*cells)
+        print(f"| {' | '.join(map(str, cells))} |")
     for kind, values in ratios.items():
         within = sum(1 for r in values if r <= 1.10)
         print(f"\n{kind}: median {statistics.median(values):.2f}x over {len(values)} fixtures, "
               f"{within} at or under 1.10x")
+        figures.set(f"median: {kind}", statistics.median(values))
+    figures.write()
 
 
 if __name__ == "__main__":

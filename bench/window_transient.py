@@ -40,6 +40,8 @@ import sys
 import time
 from pathlib import Path
 
+from figures import Figures, add_json_option
+
 PLANS = ("plain", "window", "primer", "primer-only", "teardown", "long", "twice", "pause")
 WORKLOADS = ("tiny", "trainer", "launches")
 OPEN, TIMED = 40, 7  # the window opens after step OPEN and records TIMED steps
@@ -126,6 +128,7 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, help="write every step time here (JSON)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/window-transient"))
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "PLAN"), help=argparse.SUPPRESS)
+    add_json_option(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one:
@@ -159,6 +162,10 @@ def main() -> None:
     for key, runs in raw.items():
         values = sorted(left_behind(times) for times in runs)
         print(f"  {key:22s} {statistics.median(values):5.2f}x  [{', '.join(f'{v:.2f}' for v in values)}]")
+    figures = Figures("window_transient", args.json)
+    for key, runs in raw.items():
+        figures.set(key, {"distortion": [distortion(t) for t in runs], "left_behind": [left_behind(t) for t in runs]})
+    figures.write()
 
 
 if __name__ == "__main__":

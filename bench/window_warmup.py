@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from figures import Figures, add_json_option
+
 BENCH = Path(__file__).resolve().parent
 PLANS = ("plain", "record", "prepare", "noext", "sync", "kernels", "noruntime")
 GPU_RECORDS = ["CONCURRENT_KERNEL", "GPU_MEMCPY", "GPU_MEMSET"]
@@ -117,6 +119,7 @@ def main() -> None:
     parser.add_argument("--raw", type=Path, help="write every step time here (JSON)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/window-warmup"))
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "PLAN"), help=argparse.SUPPRESS)
+    add_json_option(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.one:
@@ -139,6 +142,10 @@ def main() -> None:
           "window steps 21-30 | steps after the window]")
     for key, runs in raw.items():
         print(f"{key:18s} " + "  ".join("[{:.2f} {:.2f} {:.2f} | {:.2f}]".format(*ratios(t)) for t in runs))
+    figures = Figures("window_warmup", args.json)
+    for key, runs in raw.items():
+        figures.set(key, [list(ratios(t)) for t in runs])
+    figures.write()
 
 
 if __name__ == "__main__":
