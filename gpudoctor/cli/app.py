@@ -172,16 +172,17 @@ def _prepare(selection: RuleSelection) -> PreparedRules:
     return prepare_rules(selection)
 
 
-def _diagnose_into(run_dir: Path, rules: PreparedRules, formats: tuple[str, ...] = FORMATS) -> Diagnosis | None:
-    """Analyse a run (or a job's ranks) and write its report into its directory; a failure here is said but never
-    hides the script's own status."""
+def _diagnose_into(run_dir: Path, rules: PreparedRules, formats: tuple[str, ...] = FORMATS,
+                   job: bool = False) -> Diagnosis | None:
+    """Analyse a run (or a job's ranks; `job`: torchrun's, whatever its directory holds) and write its report into
+    its directory; a failure here is said but never hides the script's own status."""
     from gpudoctor import pipeline
 
     try:
-        diagnosis = pipeline.diagnose([run_dir], rules)
+        diagnosis = pipeline.diagnose([run_dir], rules, job=job)
         _write(diagnosis, run_dir, formats)
     except GpudoctorError as exc:
-        if pipeline.is_job([run_dir]):
+        if job or pipeline.is_job([run_dir]):
             _say(f"the rank bundles were written to {run_dir}, but the merged report could not be made: {exc}")
         else:
             _say(f"the bundle was written to {run_dir}, but the report could not be made: {exc}")

@@ -147,6 +147,7 @@ class _Ran(NamedTuple):
     prepared: PreparedRules | None  # None: a rank of a job that `gpudoctor profile torchrun` reports on, once
     unsaid: str | None = None  # how the script ended, when the report's summary was to say it first
     inner_rank: bool = False  # a rank of `torchrun ... -m gpudoctor profile`: its own report, then maybe the job's
+    job: bool = False  # a job of ranks (torchrun's, or those the script started): its ranks' bundles, merged
 
 
 def _run_torchrun(job: TorchrunJob, out: Path | None, rank_options: list[str], selection: _RuleArgs) -> _Ran:
@@ -156,7 +157,7 @@ def _run_torchrun(job: TorchrunJob, out: Path | None, rank_options: list[str], s
     prepared = _prepared(selection)
     outcome = run_job(job, out, rank_options)
     _say_each(outcome.message)
-    return _Ran(outcome.run_dir, outcome.exit_status, prepared)
+    return _Ran(outcome.run_dir, outcome.exit_status, prepared, job=True)
 
 
 def _run_script(ctx: typer.Context, request: ProfileRequest, selection: _RuleArgs, formats: tuple[str, ...]) -> _Ran:
@@ -186,7 +187,7 @@ def _run_script(ctx: typer.Context, request: ProfileRequest, selection: _RuleArg
         raise typer.Exit(outcome.exit_status)
     _say_each(_stopped_ranks(outcome))
     return _Ran(outcome.run_dir, outcome.exit_status, prepared, ending if in_verdict else None,
-                inner_job.merges_itself())
+                inner_job.merges_itself(), job=bool(outcome.ranks))
 
 
 def _reported(ran: _Ran, formats: tuple[str, ...], tries: TrySettings | None, fail_on: str | None) -> int:
@@ -194,20 +195,23 @@ def _reported(ran: _Ran, formats: tuple[str, ...], tries: TrySettings | None, fa
     EXIT_FINDINGS when it succeeded and a finding meets --fail-on."""
     if ran.prepared is None:
         return ran.exit_status
-    diagnosis = (_inner_job_report if ran.inner_rank else _report)(ran.run_dir, ran.prepared, formats, tries)
+    if ran.inner_rank and not ran.job:
+        diagnosis = _inner_job_report(ran.run_dir, ran.prepared, formats, tries)
+    else:
+        diagnosis = _report(ran.run_dir, ran.prepared, formats, tries, job=ran.job)
     _say_each(ran.unsaid if diagnosis is None else None)
     if ran.exit_status == 0 and diagnosis is not None and _fails(diagnosis, fail_on):
         return EXIT_FINDINGS
     return ran.exit_status
 
 
-def _report(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...],
-            tries: TrySettings | None) -> Diagnosis | None:
+def _report(run_dir: Path, prepared: PreparedRules, formats: tuple[str, ...], tries: TrySettings | None,
+            job: bool = False) -> Diagnosis | None:
     """The run's report (a job's: merged), written into its directory; with `tries`, first without its summary, so
     that it is whole whatever the tries do, then again with what they measured."""
     if tries is None:
-        return _diagnose_into(run_dir, prepared, formats)
-    diagnosis = _diagnose_into(run_dir, prepared, _without_summary(formats))
+        return _diagnose_into(run_dir, prepared, formats, job)
+    diagnosis = _diagnose_into(run_dir, prepared, _without_summary(formats), job)
     return None if diagnosis is None else tried_into(diagnosis, run_dir, tries, formats)
 
 
@@ -222,7 +226,7 @@ def _inner_job_report(rank_dir: Path, prepared: PreparedRules, formats: tuple[st
     if not inner_job.take_merge(rank_dir.parent):
         return own if tries is None or own is None else tried_into(own, rank_dir, tries, formats)
     try:
-        return _report(rank_dir.parent, prepared, formats, tries)
+        return _report(rank_dir.parent, prepared, formats, tries, job=True)
     finally:
         inner_job.merged(rank_dir.parent)
 

@@ -67,10 +67,12 @@ class Diagnosis:
         return dataclasses.replace(self, found=dataclasses.replace(self.found, result=result))
 
 
-def diagnose(paths: Sequence[Path], rules: PreparedRules, progress: IO[str] | None = None) -> Diagnosis:
+def diagnose(paths: Sequence[Path], rules: PreparedRules, progress: IO[str] | None = None,
+             job: bool = False) -> Diagnosis:
     """The diagnosis of a run directory or a trace, or of a job's run directories (one per node); `progress`, a
-    terminal, is shown how far a large trace has been read."""
-    if is_job(paths):
+    terminal, is shown how far a large trace has been read. `job`: the caller ran a job (torchrun), whatever its
+    directory holds."""
+    if job or is_job(paths):
         return Diagnosis(diagnose_job(paths, rules), rules.docs, paths[0])
     run = open_run(paths[0])
     if progress is not None:
