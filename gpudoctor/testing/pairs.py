@@ -2,7 +2,8 @@
 
 The twin's measured speed-up (each script times its own steady-state steps, run plainly on the recording
 machine: fixtures/measurements.json) is the truth that the rules' predicted saving is checked against
-(bench/validate_impacts.py), and the twin must not draw those rules' warnings (tests/test_rules_fixtures.py).
+(bench/validate_impacts.py), and the twin must not draw those rules' warnings
+(tests/builtin_rules/test_rules_fixtures.py).
 """
 
 from __future__ import annotations

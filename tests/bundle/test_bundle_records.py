@@ -18,7 +18,7 @@ from gpudoctor.bundle.events import EVENT_DECODER, StepEvent
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.errors import BundleError
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "bundles" / "blocking_copy_d2h_bad"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "bundles" / "blocking_copy_d2h_bad"
 
 
 @pytest.fixture

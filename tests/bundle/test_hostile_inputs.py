@@ -17,7 +17,7 @@ from gpudoctor.analysis.trace import parse_trace
 from gpudoctor.bundle import jsonio, trace_file, trace_stream
 from gpudoctor.errors import BundleError
 
-TRACE = Path(__file__).resolve().parents[1] / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"
+TRACE = Path(__file__).resolve().parents[2] / "fixtures" / "bundles" / "sync_point_bad" / "trace.json.gz"
 
 
 def _trace_text() -> str:

@@ -10,7 +10,7 @@ from gpudoctor.analysis import Run
 from gpudoctor.engine import builtin_rules, run_rules
 from gpudoctor.report.model import build_report
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "starved_training.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "starved_training.py"
 
 
 def test_a_starved_runs_figures_agree(gd: Gpudoctor) -> None:

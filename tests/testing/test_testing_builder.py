@@ -33,7 +33,7 @@ from gpudoctor.testing import (
 )
 from gpudoctor.testing.built_files import write_bundle
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
 approx = pytest.approx
 

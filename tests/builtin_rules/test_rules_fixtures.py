@@ -34,17 +34,18 @@ from gpudoctor.testing import (
 )
 from gpudoctor.testing.pairs import PAIRS, FixturePair
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
-SNAPSHOT = Path(__file__).parent / "snapshots" / "fixture_findings.json"
+SCRIPTS = Path(__file__).resolve().parents[2] / "fixtures" / "scripts"
+SNAPSHOT = Path(__file__).parents[1] / "snapshots" / "fixture_findings.json"
 HEALTHY = ["healthy_vision", "healthy_transformer", "healthy_inference", "healthy_trainer"]
 FIXED = [name for name in available_fixtures() if name.endswith(("_fixed", "_graphed"))] + ["blocking_copy_prefetch"]
-# Rules proven on bundles built in code (tests/test_rules_synthetic.py) as well as, or instead of, a recording:
-# a host that swaps cannot be made on the recording machine without harming it.
+# Rules proven on bundles built in code (tests/builtin_rules/test_rules_synthetic.py) as well as, or instead of, a
+# recording: a host that swaps cannot be made on the recording machine without harming it.
 SYNTHETIC_ONLY = {"GD401"}
-# Rules proven by `gpudoctor profile` on the CPU, on a pathological script and its twin (tests/test_rules_cpu_e2e.py):
-# what they see (cores taken by other programs) is the host's, not the GPU's.
+# Rules proven by `gpudoctor profile` on the CPU, on a pathological script and its twin
+# (tests/builtin_rules/test_rules_cpu_e2e.py): what they see (cores taken by other programs) is the host's, not the
+# GPU's.
 CPU_E2E_ONLY = {"GD505"}
-# Rules of a torchrun job, proven on two-rank gloo jobs run for real on the CPU (tests/test_job.py): a straggler by
+# Rules of a torchrun job, proven on two-rank gloo jobs run for real on the CPU (tests/job/test_job.py): a straggler by
 # its loader and a balanced job; gradient accumulation without and with no_sync. No two-GPU job is recorded yet.
 CPU_JOB_ONLY = {"GD601", "GD602"}
 # Twins that fix what their pair measures but keep the pathology: tiny_batch_ops_fixed runs 32x the samples in

@@ -1,9 +1,9 @@
 """Runs `gpudoctor analyze` on many inputs in one process, each as the command line would, and prints one JSON line
 per input: its exit status, what gpudoctor said on stderr, and whether it ran past the time allowed.
 
-    python tests/fuzz_driver.py SECONDS_PER_CASE PATH...
+    python tests/cli/fuzz_driver.py SECONDS_PER_CASE PATH...
 
-tests/test_fuzz.py runs it in a subprocess with a memory cap, so that a case that hangs or eats memory is caught
+tests/cli/test_fuzz.py runs it in a subprocess with a memory cap, so that a case that hangs or eats memory is caught
 without taking the test session down; starting one process for all the cases keeps hundreds of them fast.
 """
 

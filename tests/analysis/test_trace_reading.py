@@ -23,7 +23,7 @@ from gpudoctor.bundle import trace_stream
 from gpudoctor.errors import BundleError
 from gpudoctor.ui.trace_progress import TraceProgress
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "fixtures" / "bundles" / "blocking_copy_bad" / "trace.json.gz"  # with CPU operators
 
 

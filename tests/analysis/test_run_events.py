@@ -11,7 +11,7 @@ from gpudoctor.analysis import Run
 from gpudoctor.analysis.events import RunEvents, StepLog
 from gpudoctor.bundle.events import EVENT_DECODER, Phases, ProcessEvent, StepEvent, WindowEvent
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bundles"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "bundles"
 
 
 def plain(step: int, t0: float, window: str = "closed", **fields: object) -> StepEvent:
