@@ -28,8 +28,30 @@ def _free_port() -> str:
         return str(probe.getsockname()[1])
 
 
+# In a plain command: a port free when that run starts (a run made again gets another).
+FREE_PORT = "<a free port>"
+# What a torch.distributed process prints when it aborts as the interpreter shuts down: a gloo worker frees a finished
+# collective whose thread-local state holds Python objects, cannot take the GIL once shutdown has begun, and its
+# thread's exit aborts the process (gpudoctor/collect/session.py let_native_threads_settle). The test scripts end
+# their process groups before (tests/scripts/spawn_ddp.py), but a library's group (Lightning's) can still be there.
+NATIVE_ABORTS = ("terminate called without an active exception", "FATAL: exception not rethrown")
+
+
 def _plain(gd: Gpudoctor, *command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *command], cwd=gd.cwd, env=env_with(), stdin=subprocess.DEVNULL,
+    """The command run plainly, and once more if a process of it aborted in torch.distributed's shutdown: that abort
+    is torch's, outside gpudoctor, and the comparison needs a plain run that ran to its end. The second run stands,
+    whatever it does."""
+    done = _run_plain(gd, command)
+    if any(abort in done.stderr for abort in NATIVE_ABORTS):
+        sys.stderr.write(f"the plain run aborted in torch.distributed's shutdown (status {done.returncode}); "
+                         "running it once more\n")
+        done = _run_plain(gd, command)
+    return done
+
+
+def _run_plain(gd: Gpudoctor, command: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    argv = [_free_port() if part == FREE_PORT else part for part in command]
+    return subprocess.run([sys.executable, *argv], cwd=gd.cwd, env=env_with(), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
 
 
@@ -149,7 +171,7 @@ def test_accelerate_launch_runs_each_rank_under_gpudoctor(gd: Gpudoctor) -> None
     options = ["--multi_gpu", "--num_processes", "2", "--main_process_port"]
     args = [script("accelerate_train.py"), "--steps", "12"]
     result = gd.run("profile", "--out", "run", *WINDOW, "accelerate", "launch", *options, _free_port(), *args)
-    _same_as_plain(gd, "accelerate_train", ["-m", "accelerate.commands.launch", *options, _free_port(), *args], result)
+    _same_as_plain(gd, "accelerate_train", ["-m", "accelerate.commands.launch", *options, FREE_PORT, *args], result)
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
 

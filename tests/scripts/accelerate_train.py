@@ -1,14 +1,19 @@
 """Trains a small model with Hugging Face Accelerate, on the CPU; `accelerate launch --multi_gpu --num_processes N`
-runs N ranks of it (gloo), through torchrun's launcher inside accelerate's own process."""
+runs N ranks of it (gloo), through torchrun's launcher inside accelerate's own process.
+
+It ends its process group, and gloo's threads, before the interpreter shuts down, as spawn_ddp.py explains.
+"""
 
 import argparse
 import sys
 
 import torch
+import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
 from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
-if __name__ == "__main__":
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=16)
     args = parser.parse_args()
@@ -30,3 +35,10 @@ if __name__ == "__main__":
     sys.stdout.write(f"accelerate_train: rank {accelerator.process_index} of {accelerator.num_processes} did {done} "
                      "steps\n")
     sys.stdout.flush()
+    del model  # it holds the group, as does the accelerator until free_memory(): end_training() then ends it
+    accelerator.free_memory()
+    accelerator.end_training()  # destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

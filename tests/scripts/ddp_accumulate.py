@@ -12,6 +12,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -42,6 +43,7 @@ def main() -> None:
         optimizer.zero_grad()
     per_step = (time.perf_counter() - started) / args.steps
     print(f"ddp_accumulate: rank {dist.get_rank()} {per_step * 1e3:.1f} ms per optimizer step")
+    del model  # it holds the group: destroy_process_group() now ends it, and gloo's threads (spawn_ddp.py)
     dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
@@ -57,6 +58,7 @@ def main() -> None:
         timed = step - 1
     per_step = (time.perf_counter() - started) / max(1, timed)
     print(f"ddp_loader_straggler: rank {rank} ({'slow' if slow else 'fast'}) {per_step * 1e3:.1f} ms per step")
+    del model  # it holds the group: destroy_process_group() now ends it, and gloo's threads (spawn_ddp.py)
     dist.destroy_process_group()
 
 

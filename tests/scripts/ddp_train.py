@@ -8,6 +8,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -33,6 +34,7 @@ def main() -> None:
         loss.backward()  # the gradients' all-reduce runs here, over gloo
         optimizer.step()
     print(f"ddp_train: rank {rank} of {dist.get_world_size()} did {args.steps} steps")
+    del model  # it holds the group: destroy_process_group() now ends it, and gloo's threads (spawn_ddp.py)
     dist.destroy_process_group()
 
 

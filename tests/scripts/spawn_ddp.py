@@ -1,5 +1,15 @@
 """DDP over --nproc processes that the script starts with torch.multiprocessing.spawn, as pytorch/examples' ImageNet
-does with --multiprocessing-distributed (gloo on the CPU)."""
+does with --multiprocessing-distributed (gloo on the CPU).
+
+Each rank ends its process group, and gloo's threads with it, before the interpreter shuts down. A gloo worker
+thread can be the last to hold a finished all-reduce, whose saved thread-local state holds Python objects; freeing
+it once shutdown has begun, the thread cannot take the GIL and its exit aborts the process ("terminate called
+without an active exception"; 1 plain run in 120 of this script here, 1 in 10 on a loaded CI machine).
+destroy_process_group() ends the group, joining its threads with the GIL released, only once nothing else holds it:
+DDP does, until the model is deleted, and so would torch.distributed.nn, which DDP imports, had it been imported
+after init_process_group(): its functions take `group=group.WORLD` as a default, the group of the moment. The other
+test scripts with DDP do the same.
+"""
 
 import argparse
 import os
@@ -8,6 +18,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any process group exists: see above
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
@@ -41,6 +52,7 @@ def train(rank: int, world_size: int, steps: int, crash_rank: int | None = None)
             if done == steps:
                 break
     say(f"spawn_ddp: rank {rank} of {world_size} did {done} steps")
+    del model  # it holds the group: destroy_process_group() now ends it, and gloo's threads (see above)
     dist.destroy_process_group()
 
 

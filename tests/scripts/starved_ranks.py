@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset
@@ -44,6 +45,7 @@ def train(rank: int, world_size: int, steps: int, workers: int) -> None:
         if done == steps:
             break
     print(f"spawn_starved: rank {rank} did {done} steps", flush=True)
+    del model  # it holds the group: destroy_process_group() now ends it, and gloo's threads (spawn_ddp.py)
     dist.destroy_process_group()
 
 

@@ -9,6 +9,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -25,6 +26,7 @@ def train(steps: int) -> None:
         optimizer.step()
     sys.stdout.write(f"subprocess_ranks: rank {rank} of {world_size} did {steps} steps\n")
     sys.stdout.flush()
+    del model  # it holds the group: destroy_process_group() now ends it, and gloo's threads (spawn_ddp.py)
     dist.destroy_process_group()
 
 
