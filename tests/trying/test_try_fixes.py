@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -18,7 +20,7 @@ from gpudoctor.remedy import LoaderRemedy, Remedy
 
 STARVED = script("starved_loader.py")
 TWIN_ARGS = ("--workers", "2", "--persistent")  # the fixed twin: what GD101's fix suggests on two cores
-BAND = 0.10  # the tried speed-up is within ±10% of the twin's
+BAND = 0.10  # the tried speed-up is within ±10% of the twin's, in the median of three rounds
 
 
 def _finding(result: Result, code: str) -> dict:
@@ -31,24 +33,62 @@ def _plain_step_s(cwd: Path, *args: str) -> float:
     return json.loads(done.stdout.splitlines()[-1])["mean_step_s"]
 
 
-@pytest.fixture(scope="module")
-def tried(tmp_path_factory: pytest.TempPathFactory) -> Result:
+def _profile_with_tries(tmp_path_factory: pytest.TempPathFactory) -> Result:
     gd = Gpudoctor(tmp_path_factory.mktemp("tried"))
     return gd.profile(STARVED, "--checkpoint", "model.pt", options=("--try-fixes",))
 
 
-@pytest.mark.e2e
-def test_the_starved_loaders_fix_is_measured_within_the_band_of_its_twin(tried: Result) -> None:
-    assert tried.returncode == 0, tried
-    gd101 = _finding(tried, "GD101")
+@pytest.fixture(scope="module")
+def tried(tmp_path_factory: pytest.TempPathFactory) -> Result:
+    return _profile_with_tries(tmp_path_factory)
+
+
+def _measured(result: Result) -> dict:
+    assert result.returncode == 0, result
+    gd101 = _finding(result, "GD101")
     assert gd101["remedy"]["loader"]["num_workers"] == 2
     measured = gd101["tried"]
     assert measured["status"] == "measured", measured
     assert measured["applied"].startswith("DataLoader(num_workers=2, persistent_workers=True) at ")
     assert measured["steps"] >= 10
-    cwd = tried.run_dir.parent
-    twin = _plain_step_s(cwd) / _plain_step_s(cwd, *TWIN_ARGS)
-    assert abs(measured["speedup"] / twin - 1) <= BAND, (measured["speedup"], twin)
+    return measured
+
+
+class Round(NamedTuple):
+    """One profile with the try, and the fixed twin's plain runs made right after it."""
+
+    tried: float  # the tried speed-up: the diagnosed run's step over the try's
+    twin: float  # the bad script's plain step over the fixed one's
+    contended: bool  # other programs took the host's CPU while the profile ran (it found GD504)
+
+    @property
+    def off(self) -> float:
+        return self.tried / self.twin - 1
+
+
+def _round(result: Result) -> Round:
+    cwd = result.run_dir.parent
+    contended = any(f["code"] == "GD504" for f in result.findings()["findings"])
+    return Round(_measured(result)["speedup"], _plain_step_s(cwd) / _plain_step_s(cwd, *TWIN_ARGS), contended)
+
+
+@pytest.mark.e2e
+def test_the_starved_loaders_fix_is_measured_within_the_band_of_its_twin(
+        tried: Result, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The band holds for the median of three rounds: load on a shared machine during one round cannot decide it
+    (one round on two loaded cores came out 10.26% off). When the first two rounds are within the band, so is the
+    median of three, and the third is not run. A round measured while other programs took the host's CPU (its
+    profile found GD504) is set aside: they slow the bad script and its fix by shares of their own (rounds on a host
+    92-99% busy came out 13% to 66% off, either way); with no other round, the test is skipped, saying so."""
+    rounds = [_round(tried), _round(_profile_with_tries(tmp_path_factory))]
+    if any(abs(r.off) > BAND for r in rounds):
+        rounds.append(_round(_profile_with_tries(tmp_path_factory)))
+    counted = [r for r in rounds if not r.contended]
+    if not counted:
+        pytest.skip(f"other programs took the host's CPU in every round (GD504), so no speed-up measured here is the "
+                    f"fix's alone: {rounds}")
+    assert abs(statistics.median(r.off for r in counted)) <= BAND, rounds
+    measured = _measured(tried)
     shown = next(line for line in tried.stderr.splitlines() if "with the fix" in line)
     assert f"measured {measured['step_s'] * 1e3:.1f} ms/step with the fix ({measured['speedup']:.2f}× faster)" in shown
 
