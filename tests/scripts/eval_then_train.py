@@ -3,7 +3,7 @@
 Options: --eval-calls N (no-grad forward calls of the model before training, quick), --steps M (optimizer steps,
 each sleeping --sleep-ms, so that a training step is told from an evaluation call by its time), --eval-every K
 (after every K-th training step, an evaluation of 40 calls that sleep 5 ms each, as nanoGPT's estimate_loss),
---stall-at K (training step K also sleeps a second, as a checkpoint's write would take).
+--stall-at K (training step K also sleeps --stall-s seconds, 1 by default, as a checkpoint's write would take).
 """
 
 import argparse
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=20.0)
     parser.add_argument("--eval-every", type=int, default=0)
     parser.add_argument("--stall-at", type=int, default=0)
+    parser.add_argument("--stall-s", type=float, default=1.0)
     args = parser.parse_args()
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -41,7 +42,7 @@ def main() -> None:
         optimizer.step()
         time.sleep(args.sleep_ms / 1000)
         if step == args.stall_at:
-            time.sleep(1.0)
+            time.sleep(args.stall_s)
         if args.eval_every and step % args.eval_every == 0:
             evaluate(model, inputs, 40, 0.005)
     print(f"eval_then_train: {args.eval_calls} evaluation calls, {args.steps} steps")
