@@ -201,7 +201,9 @@ def test_max_steps_stops_every_rank(gd: Gpudoctor) -> None:
 
 
 def test_timeout_stops_every_rank(gd: Gpudoctor) -> None:
-    result = gd.run("profile", "--out", "run", *WINDOW, "--timeout", "12", script("spawn_ddp.py"), "--steps",
+    # Time for both ranks to start and write their window's trace on two loaded cores: 12 s was not (the ranks had
+    # not stepped when it ended them), and the whole of an 8-step run took 24 s there.
+    result = gd.run("profile", "--out", "run", *WINDOW, "--timeout", "30", script("spawn_ddp.py"), "--steps",
                     "1000000")
     assert result.returncode == 124, result
     for rank in (0, 1):
