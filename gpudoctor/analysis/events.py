@@ -2,7 +2,7 @@
 
 A run of hours writes one step event per step (10 hours at 10 steps a second: 360,000). `StepLog` holds the
 steps outside the profiling windows, which carry only their times, wait, batches and labels, as columns
-(about 60 bytes a step) and makes each a `StepEvent` again when it is read.
+(about 70 bytes a step) and makes each a `StepEvent` again when it is read.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ TRACED_WINDOW_STATES = ("warmup", "active")  # the steps the profiler records
 # What a window records besides its steps: its opening and closing, and what its detail steps' hooks saw (the lines
 # that call the model and backward(), the lines the host ran).
 WINDOW_BOUND = (WindowEvent, ForwardSiteEvent, BackwardSiteEvent, HostLinesEvent)
-_TIMES = 4  # a plain step's t0, t1, wall_s and data_wait_s, in the times column
+_TIMES = 5  # a plain step's t0, t1, wall_s, data_wait_s and data_wait_cpu_s (NaN: not measured), in the times column
 
+_NAN = float("nan")
 E = TypeVar("E", bound=AnyEvent)
 
 
@@ -43,7 +44,7 @@ class StepLog:
 
     def __init__(self) -> None:
         self.numbers = array("q")  # every step's number, for finding a window's steps by bisection
-        self._times = array("d")  # a plain step's t0, t1, wall_s, data_wait_s (zeros for another step)
+        self._times = array("d")  # a plain step's t0, t1, wall_s, data_wait_s, data_wait_cpu_s (zeros for another)
         self._written = array("d")  # a plain step's `t`; NaN where it had none
         self._batches = array("q")
         self._backwards = array("q")  # a plain step's backward() calls (one, in most training steps)
@@ -57,7 +58,8 @@ class StepLog:
         position = len(self.numbers)
         self.numbers.append(event.step)
         if event.plain:
-            self._times.extend((event.t0, event.t1, event.wall_s, event.data_wait_s))
+            cpu = event.data_wait_cpu_s
+            self._times.extend((event.t0, event.t1, event.wall_s, event.data_wait_s, _NAN if cpu is None else cpu))
             self._written.append(float("nan") if event.t is None else event.t)
             self._batches.append(event.batches)
             self._backwards.append(event.backwards)
@@ -98,10 +100,11 @@ class StepLog:
         event = self._kept_whole.get(position)
         if event is not None:
             return event
-        t0, t1, wall_s, data_wait_s = self._times[_TIMES * position:_TIMES * (position + 1)]
+        t0, t1, wall_s, data_wait_s, cpu = self._times[_TIMES * position:_TIMES * (position + 1)]
         source, window = self._label_values[self._labels[position]]
         written = self._written[position]
         return StepEvent(step=self.numbers[position], t0=t0, t1=t1, wall_s=wall_s, data_wait_s=data_wait_s,
+                         data_wait_cpu_s=None if cpu != cpu else cpu,  # NaN: not measured
                          batches=self._batches[position], backwards=self._backwards[position],
                          forwards=self._forwards[position], source=source,
                          window=window,

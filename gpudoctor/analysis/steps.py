@@ -38,6 +38,7 @@ class StepBuilder:
         phases = event.phases
         return Step(
             index=event.step, start=start, wall_s=wall, data_wait_s=event.data_wait_s, window=event.window,
+            data_wait_cpu_s=event.data_wait_cpu_s,
             forward_s=phases.forward if phases else None, backward_s=phases.backward if phases else None,
             optimizer_s=phases.optimizer if phases else None,
             copy_s=sum(c.host_s for c in event.copies) if event.copies is not None else None,

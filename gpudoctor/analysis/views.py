@@ -54,6 +54,7 @@ class Step:
     wall_s: float
     data_wait_s: float
     window: str  # waiting | warmup | active | closed | failed
+    data_wait_cpu_s: float | None = None  # the waiting thread's CPU time in the data wait; None: not measured
     forward_s: float | None = None
     backward_s: float | None = None
     optimizer_s: float | None = None

@@ -197,6 +197,8 @@ class LoaderEvent(Record, Event, tag="loader", frozen=True):
     sampler: str | None = None  # its sampler's class: RandomSampler for shuffle=True, SequentialSampler by default
     # The library that built it (its top-level package: "transformers" for the Trainer's), None for the script
     made_by: str | None = None
+    # The intra-op threads a try's remedy sets in each of its workers (gpudoctor.collect.remedies); None without
+    worker_threads: int | None = None
     t: float | None = None
 
 
@@ -256,6 +258,9 @@ class StepEvent(Record, Event, tag="step", frozen=True):
     t1: float
     wall_s: Seconds
     data_wait_s: Seconds = 0.0
+    # CPU time the waiting thread spent in those waits (time.thread_time()): with no loader workers, what loading
+    # the batches took of the CPU; None in bundles from before it was measured
+    data_wait_cpu_s: Seconds | None = None
     batches: Count = 0
     backwards: Count = 0  # backward() calls in the step
     forwards: Count = 0  # calls of the outermost model in the step (an evaluation inside a step makes many)

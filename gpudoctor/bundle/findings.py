@@ -18,6 +18,7 @@ from gpudoctor.remedy import Remedy
 
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]  # of step time
 EvidenceValue = str | int | float | bool | None
+SettingValue = str | int | bool | None  # a setting a try changed, as the script's process had it
 
 _Self = TypeVar("_Self", bound="_JsonRecord")
 
@@ -57,13 +58,26 @@ class _FindingFields(TypedDict):
     doc: str
 
 
-class TriedJson(TypedDict):
+class TriedChangeJson(TypedDict):
+    rank: int | None
+    setting: str
+    before: SettingValue
+    after: SettingValue
+
+
+class _TriedFields(TypedDict):
     status: str  # measured | failed | not_applicable
     applied: str | None
     step_s: float | None
     speedup: float | None
     steps: int | None
     reason: str | None
+
+
+class TriedJson(_TriedFields, total=False):
+    changes: list[TriedChangeJson]  # only where the try read its settings back from its ranks' bundles
+    fix_of: str  # only on a finding whose saving another finding's fix makes, and that fix was tried
+    not_as_predicted: str  # only where the try changed more than the prediction assumes
 
 
 class FindingJson(_FindingFields, total=False):
@@ -150,10 +164,27 @@ class FindingWindow(_JsonRecord, kw_only=True, frozen=True):
 TRIED_STATUSES = ("measured", "failed", "not_applicable")
 
 
+class TriedChange(_JsonRecord, kw_only=True, frozen=True):
+    """One setting a try changed in one process: `before` as the diagnosed run had it, `after` as the try's own
+    bundle has it (None: not set, or not seen). `rank`: the job's rank, None for a run of one process."""
+
+    what: ClassVar[str] = "tried change"
+    rank: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    setting: str
+    before: SettingValue = None
+    after: SettingValue = None
+
+    def to_json(self) -> TriedChangeJson:
+        return cast("TriedChangeJson", self._plain())
+
+
 class Tried(_JsonRecord, kw_only=True, frozen=True):
-    """A finding's fix, tried: the script run again with it applied (`applied`, in the script's terms), and the
-    step at that run's pace (`step_s`, over `steps` steps) with `speedup` = the diagnosed run's step over it;
-    or why it failed or could not be tried (`reason`, one sentence)."""
+    """A finding's fix, tried: the script run again with it applied (`applied`, in the script's terms; in a job,
+    per rank: 'rank 0: num_workers 6 → 15; rank 1: 0 → 15'), and the step at that run's pace (`step_s`, over
+    `steps` steps) with `speedup` = the diagnosed run's step over it; or why it failed or could not be tried
+    (`reason`, one sentence). `changes`: each setting the try changed, per rank, as the try's bundle has it;
+    `fix_of`: the finding whose fix this is, when it is another's (a straggler's, whose cause that finding names);
+    `not_as_predicted`: how the try differs from the fix the finding's prediction assumes, and what each assumes."""
 
     what: ClassVar[str] = "tried fix"
     status: str
@@ -162,9 +193,16 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     speedup: Annotated[float, msgspec.Meta(gt=0)] | None = None
     steps: Annotated[int, msgspec.Meta(ge=0)] | None = None
     reason: str | None = None
+    changes: list[TriedChange] | None = None
+    fix_of: str | None = None
+    not_as_predicted: str | None = None
 
     def to_json(self) -> TriedJson:
-        return cast("TriedJson", self._plain())
+        plain = cast("TriedJson", self._plain())
+        for key in ("changes", "fix_of", "not_as_predicted"):  # only some tries have them
+            if getattr(self, key) is None:
+                del plain[key]  # type: ignore[misc]
+        return plain
 
 
 class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
@@ -198,6 +236,8 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
         for key in ("ranks", "windows", "remedy", "tried"):
             if getattr(self, key) is None:
                 del plain[key]  # type: ignore[misc]
+        if self.tried is not None:
+            plain["tried"] = self.tried.to_json()
         return plain
 
 

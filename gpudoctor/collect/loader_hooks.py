@@ -19,9 +19,10 @@ from gpudoctor.collect.callsite import location, user_frame_from
 from gpudoctor.collect.compile_safe import quietly
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
-from gpudoctor.collect.remedies import Remedies
+from gpudoctor.collect.remedies import Remedies, worker_threads
 
 perf_counter = time.perf_counter
+thread_time = time.thread_time  # CPU time of the calling thread only
 LoaderOrigin = tuple["Site | None", "str | None"]  # where a DataLoader was made, and the library that made it
 FRAMES_SEARCHED = 30  # how far up from a library's DataLoader() the loader it re-creates is looked for
 
@@ -53,16 +54,20 @@ class LoaderHooks:
 
         def make_init(original: Any) -> Any:
             def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+                origin = _origin_or_none(sys._getframe(1), sites)
                 if remedies is not None:
-                    args, kwargs = remedies.loader_arguments(original, sys._getframe(1), args, kwargs)
+                    # A loader a library builds again from the script's (Lightning's, with a DistributedSampler)
+                    # has the script's line for its origin: the remedy applies to it as to the script's own.
+                    args, kwargs = remedies.loader_arguments(original, _built_at(origin), args, kwargs)
                 original(loader, *args, **kwargs)
-                quietly(remember, loader, sys._getframe(1))
+                if origin is not None:
+                    quietly(remember, loader, origin)
 
             return __init__
 
-        def remember(loader: Any, caller: FrameType) -> None:
+        def remember(loader: Any, origin: LoaderOrigin) -> None:
             if loader not in sites:  # a subclass's __init__ calls this one's: its caller is the one to keep
-                sites[loader] = _loader_origin(caller, sites)
+                sites[loader] = origin
 
         def make_iter(original: Any) -> Any:
             def __iter__(loader: Any) -> Any:
@@ -75,12 +80,12 @@ class LoaderHooks:
             def __next__(iterator: Any) -> Any:
                 recorder.on_batch_requested()
                 handle = markers.begin("data_wait")
-                started = perf_counter()
+                started, cpu_started = perf_counter(), thread_time()
                 try:
                     batch = original(iterator)
                 finally:
                     markers.end(handle)
-                recorder.on_batch_received(perf_counter() - started)
+                recorder.on_batch_received(perf_counter() - started, thread_time() - cpu_started)
                 if remedies is not None:
                     remedies.on_batch(batch)
                 return batch
@@ -90,6 +95,20 @@ class LoaderHooks:
         patches.wrap(dataloader.DataLoader, "__init__", make_init)
         patches.wrap(dataloader.DataLoader, "__iter__", make_iter)
         patches.wrap(dataloader._BaseDataLoaderIter, "__next__", make_next)
+
+
+def _origin_or_none(caller: FrameType, sites: weakref.WeakKeyDictionary[Any, LoaderOrigin]) -> LoaderOrigin | None:
+    """`_loader_origin`, or None where finding it failed (its failure never reaches the script's call)."""
+    try:
+        return _loader_origin(caller, sites)
+    except Exception:  # noqa: BLE001 - measuring must not change what the script's code does
+        return None
+
+
+def _built_at(origin: LoaderOrigin | None) -> str | None:
+    """The origin's line as 'file:line', as a remedy names the loaders it changes (gpudoctor.remedy.LoaderRemedy)."""
+    site = origin[0] if origin is not None else None
+    return f"{site.file}:{site.line}" if site is not None else None
 
 
 def _loader_origin(caller: FrameType, sites: weakref.WeakKeyDictionary[Any, LoaderOrigin]) -> LoaderOrigin:
@@ -139,6 +158,7 @@ def _loader_event(loader: Any, number: int, origin: LoaderOrigin) -> LoaderEvent
         dataset=type(loader.dataset).__qualname__, dataset_len=_safe_len(loader.dataset),
         start_method=context.get_start_method() if context is not None else
         multiprocessing.get_start_method(allow_none=True), sampler=type(loader.sampler).__qualname__,
+        worker_threads=worker_threads(loader.worker_init_fn),
     )
 
 

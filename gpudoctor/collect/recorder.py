@@ -72,6 +72,7 @@ class StepRecord:
     window: str
     window_index: int = 0  # which profiling window, when `window` is warmup or active
     data_wait_s: float = 0.0
+    data_wait_cpu_s: float = 0.0  # the waiting thread's CPU time in those waits
     batches: int = 0
     forwards: int = 0  # calls of the outermost model
     backwards: int = 0  # backward() calls
@@ -87,8 +88,8 @@ class StepRecord:
         hooked = self.window == window_states.DETAIL  # the hooks' figures: only the detail steps have them
         return StepEvent(
             step=self.index, t0=self.t0, t1=t1, wall_s=max(0.0, p1 - self.p0), data_wait_s=self.data_wait_s,
-            batches=self.batches, source=source, window=self.window, backwards=self.backwards,
-            forwards=self.forwards,
+            data_wait_cpu_s=self.data_wait_cpu_s if self.batches else None, batches=self.batches, source=source,
+            window=self.window, backwards=self.backwards, forwards=self.forwards,
             last_backward_t=self.last_backward_t if self.backwards > 1 else None, ends_run=ends_run,
             window_index=self.window_index if in_window else 0,
             phases=Phases(**self.phases) if hooked else None,
@@ -205,9 +206,10 @@ class Recorder:
         if self._claims("dataloader") and self.current.batches > 0:
             self.end_step()
 
-    def on_batch_received(self, wait_s: float) -> None:
+    def on_batch_received(self, wait_s: float, cpu_s: float = 0.0) -> None:
         with self._lock:
             self.current.data_wait_s += wait_s
+            self.current.data_wait_cpu_s += cpu_s
             self.current.batches += 1
 
     def on_optimizer_step(self, optimizer: object, seconds: float) -> None:

@@ -2,7 +2,9 @@
 fix names are changed where the script makes them.
 
 - DataLoader arguments: set in DataLoader.__init__ for the loaders built at the remedy's line, before the
-  loader checks them; each worker's threads are set after the script's own worker_init_fn.
+  loader checks them; each worker's threads are set after the script's own worker_init_fn. A loader that a
+  library builds again from the script's (Lightning, to add a DistributedSampler, from the arguments the script
+  first gave; Accelerate's prepare_data_loader) counts as built at the script's line, and gets the same settings.
 - Intra-op threads: set when torch is imported, and kept when the script sets its own.
 - The start method: the default context's, and any context the script asks for by name ("fork").
 - Non-blocking copies: a pinned tensor from a loader batch, copied to a GPU with `.to()` or `.cuda()` and no
@@ -21,11 +23,9 @@ import multiprocessing
 import os
 import weakref
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 from gpudoctor.bundle.events import RemedyEvent
-from gpudoctor.collect.callsite import location, user_frame_from
 from gpudoctor.collect.patches import Patches
 from gpudoctor.remedy import LoaderRemedy, Remedy
 
@@ -107,14 +107,14 @@ class Remedies:
         return make
 
     # -- DataLoaders -------------------------------------------------------------------------------------
-    def loader_arguments(self, init: Any, caller: FrameType, args: tuple[Any, ...],
+    def loader_arguments(self, init: Any, where: str | None, args: tuple[Any, ...],
                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The arguments of DataLoader(...) called from `caller`, with the remedy's settings where it applies."""
+        """The arguments of DataLoader(...) for a loader whose origin is the line `where` ('file:line': the
+        script's DataLoader(...), also for a loader a library builds again from it), with the remedy's settings
+        where it applies."""
         loader = self.remedy.loader
         if loader is None:
             return args, kwargs
-        site = location(user_frame_from(caller))
-        where = f"{site.file}:{site.line}" if site is not None else None
         if loader.at is not None and where != loader.at:
             return args, kwargs
         try:
@@ -123,10 +123,11 @@ class Remedies:
             return args, kwargs  # DataLoader itself will say what is wrong with them
         arguments = bound.arguments
         changed = _loader_settings(loader, arguments)
-        if loader.worker_threads is not None and _workers(arguments) > 0:
-            arguments["worker_init_fn"] = functools.partial(_init_worker, arguments.get("worker_init_fn"),
-                                                            loader.worker_threads)
-            changed.append(f"worker_init_fn=... torch.set_num_threads({loader.worker_threads})")
+        threads = loader.worker_threads
+        ours = worker_threads(arguments.get("worker_init_fn"))  # a loader built again from one the remedy changed
+        if threads is not None and _workers(arguments) > 0 and ours != threads:
+            arguments["worker_init_fn"] = functools.partial(_init_worker, arguments.get("worker_init_fn"), threads)
+            changed.append(f"worker_init_fn=... torch.set_num_threads({threads})")
         if changed:
             self.said(f"DataLoader({', '.join(changed)})" + (f" at {where}" if where else ""))
         return bound.args[1:], bound.kwargs
@@ -187,6 +188,14 @@ def _has_gpu() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def worker_threads(worker_init_fn: object) -> int | None:
+    """The intra-op threads a remedy's worker_init_fn sets in each worker; None for any other."""
+    if isinstance(worker_init_fn, functools.partial) and worker_init_fn.func is _init_worker:
+        threads = worker_init_fn.args[1]
+        return threads if isinstance(threads, int) else None
+    return None
 
 
 def _init_worker(script_init: Callable[[int], Any] | None, threads: int, worker_id: int) -> None:

@@ -10,8 +10,10 @@ outputs/). A job is tried as a whole: a torchrun job by torchrun again (its comm
 a job whose ranks the script starts by the script again.
 
 A try is "failed" when the script crashes, hangs past the limit or ends with another exit status than the
-diagnosed run's (gpudoctor compares exit statuses, not what the script computed); "not_applicable" when the fix
-is an edit of the script, or when the script made nothing the fix changes.
+diagnosed run's (gpudoctor compares exit statuses, not what the script computed), or when the fix was not in effect
+in one of its processes, as the try's own bundle tells (gpudoctor.trying.effect: a framework that built the
+DataLoader again without it); "not_applicable" when the fix is an edit of the script, or when the script made
+nothing the fix changes.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from gpudoctor.launch.profile import profile
 from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
+from gpudoctor.trying.effect import applied_per_rank, effects, not_in_effect
 from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, remove, written_between
 from gpudoctor.trying.settings import TrySettings
 
@@ -302,15 +305,22 @@ def measure(diagnosed: Diagnosed, folder: Path, remedy: Remedy, outcome: Ended, 
                      reason="the script made nothing that the fix changes (no such DataLoader, copy or setting)")
     if remedy.non_blocking_batches and not any("non_blocking" in change for change in applied):
         return Tried(status="not_applicable", applied=described, reason=NOT_AT_RUN_TIME["GD201"])
+    found = effects(remedy, diagnosed.run_dir, folder)
+    described, changes = applied_per_rank(found) or described, [c for e in found for c in e.changes] or None
+    missing = not_in_effect(found)
+    if missing is not None:  # the step it ran says nothing of the fix
+        return Tried(status="failed", applied=described, reason=missing, changes=changes)
     try:
         pace = _pace(folder)
     except GpudoctorError as exc:
-        return Tried(status="failed", applied=described, reason=f"the try's bundle could not be read: {exc}")
+        return Tried(status="failed", applied=described, reason=f"the try's bundle could not be read: {exc}",
+                     changes=changes)
     if pace is None or not diagnosed.step_s:
-        return Tried(status="failed", applied=described,
+        return Tried(status="failed", applied=described, changes=changes,
                      reason="the try ran no step after its profiling window to time")
     seconds, steps = pace
-    return Tried(status="measured", applied=described, step_s=seconds, speedup=diagnosed.step_s / seconds, steps=steps)
+    return Tried(status="measured", applied=described, step_s=seconds, speedup=diagnosed.step_s / seconds, steps=steps,
+                 changes=changes)
 
 
 def _pace(folder: Path) -> tuple[float, int] | None:
