@@ -11,10 +11,12 @@ from gpudoctor import Finding, LoaderRemedy, NotEvaluated, Remedy, Run, rule
 from gpudoctor.analysis import (
     DataWait,
     LoaderInfo,
+    LoadingTime,
     Location,
     cores_per_rank,
     loader_setting,
     loader_workers,
+    loading_time,
     setting_at,
     settings_location,
 )
@@ -54,21 +56,50 @@ class Workers:
     why: str
 
 
-def _suggested_workers(run: Run, load_s: float, compute_s: float) -> Workers:
-    """Enough workers that loading a batch in parallel takes less than a step's compute, within the cores (this
-    rank's share of the host's, where several ranks share it)."""
+# An I/O-bound loader's workers each use a share of a core while they load: as many fit the rank's spare cores as
+# that share allows, up to this many per core. The bound is ours, not a measurement: each worker is a process with
+# its own copy of the dataset and prefetch_factor batches in memory, and past a few per core those grow while what
+# waiting hides does not (the CPU tests' sleeping loaders need 3 workers on a share of one core).
+IO_WORKERS_PER_CORE = 4
+
+
+def _suggested_workers(run: Run, load_s: float, compute_s: float, loading: LoadingTime | None = None) -> Workers:
+    """Enough workers that loading a batch in parallel takes less than a step's compute, within what the cores hold
+    (this rank's share of the host's, where several ranks share it): a core each for a CPU-bound loader, a share of
+    one each for a loader that mostly waits on I/O (`loading`, analysis/loader_cpu.py)."""
     cores = cores_per_rank(run)
     needed = math.ceil(1.5 * load_s / max(compute_s, 1e-6))
     # One core stays with the training process, except on the smallest hosts, where a starved training
     # process mostly waits and two workers still beat one.
-    limit = max(2, int(cores or 2) - 1)
+    spare = int(cores or 2) - 1
+    limit = max(2, spare)
+    if loading is not None and loading.io_bound:
+        fits = math.floor(max(1.0, (cores or 2) - 1) / max(loading.cpu_share, 0.01))
+        limit = max(limit, min(fits, IO_WORKERS_PER_CORE * max(1, round(cores or 2))))
     count = max(1, min(limit, max(2, needed)))
-    if count == limit and needed > limit:
-        ranks = run.host.env.ranks_on_host
-        shared = f" (the host's {run.host.env.cores} shared by {ranks} ranks)" if ranks > 1 else ""
-        return Workers(count, f"as many as the {cores:g} cores{shared} allow, one kept for the training process")
-    return Workers(count, f"enough to load a batch ({load_s * 1e3:.1f} ms) in parallel within the step's "
-                          f"{compute_s * 1e3:.1f} ms of compute")
+    ranks = run.host.env.ranks_on_host
+    shared = f" (the host's {run.host.env.cores} shared by {ranks} ranks)" if ranks > 1 else ""
+    the_cores = f"the {_cores(cores or 2)}{shared}"
+    enough = (f"enough to load a batch ({load_s * 1e3:.1f} ms) in parallel within the step's {compute_s * 1e3:.1f} ms "
+              "of compute")
+    capped = count == limit and needed > limit
+    if loading is not None and loading.io_bound:
+        if capped:
+            return Workers(count, f"as many as {the_cores} hold of workers that each use {loading.cpu_share:.0%} of "
+                                  f"a core while they load (at most {IO_WORKERS_PER_CORE} a core)")
+        waits = (f"; loading waits {loading.io_share:.0%} of its time on I/O and uses {loading.cpu_share:.0%} of a "
+                 f"core, so more workers than {the_cores} help")
+        return Workers(count, enough + (waits if count > (cores or 2) else ""))
+    if capped and limit == spare:
+        return Workers(count, f"as many as {the_cores} allow, one kept for the training process")
+    if capped:
+        return Workers(count, f"two: on {the_cores}, two workers still beat one while the training process waits "
+                              "for data")
+    return Workers(count, enough)
+
+
+def _cores(count: float) -> str:
+    return f"{count:g} core{'' if count == 1 else 's'}"
 
 
 def _cores_evidence(run: Run) -> dict[str, object]:
@@ -79,6 +110,14 @@ def _cores_evidence(run: Run) -> dict[str, object]:
     share = cores_per_rank(run)
     return {"cores available": run.host.env.cores, "ranks on this host": shared,
             "cores per rank": round(share, 1) if share is not None else None}
+
+
+def _loading_evidence(loading: LoadingTime | None) -> dict[str, object]:
+    """What loading a batch waits on, where it was measured: the share on a core, and on I/O."""
+    if loading is None:
+        return {}
+    return {"loading on a core": (round(loading.cpu_share * 100), "%"),
+            "loading waiting on I/O": (round(loading.io_share * 100), "%")}
 
 
 def _uses_a_gpu(run: Run) -> bool:
@@ -170,7 +209,11 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
     Example: `DataLoader(dataset, batch_size=32)` with image decoding in `__getitem__`.
 
     Fix: `DataLoader(dataset, batch_size=32, num_workers=N, pin_memory=True, persistent_workers=True)`,
-    N from the cores available (this rank's share, where ranks share the host); the workers load the next
+    N enough to load a batch within a step's compute, within the cores available (this rank's share, where ranks
+    share the host): a core each where loading a batch keeps a core busy, a share of one each where it mostly
+    waits on I/O (a file, the network), so that an I/O-bound loader gets more workers than cores (the training
+    thread's CPU time in its waits for batches against their wall time, its run delay aside:
+    analysis/loader_cpu.py; at most 4 workers a core). The workers load the next
     batches while the GPU computes (`pin_memory` is suggested only when the script uses a GPU). Where the script
     reads num_workers from a command-line flag (`num_workers=args.workers`), the fix is that flag's value; where
     Hugging Face's Trainer builds the loader, its `TrainingArguments(dataloader_num_workers=...)`. A
@@ -191,12 +234,14 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
         return
     wait, wall, share = starved.wait_s, starved.wall_s, starved.share
     compute = _compute_s(run, wall, wait)
-    workers = _suggested_workers(run, wait, compute)
+    loading = loading_time(run)
+    workers = _suggested_workers(run, wait, compute, loading)
     fixed = max(compute, wait / workers.count)
     yield Finding(
         f"{_idles(run, share)} while the DataLoader loads the next batch in the main process",
         impact=1 - fixed / wall, location=_where_set(run, loader), severity=_severity(share),
-        evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run)},
+        evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run),
+                  **_loading_evidence(loading)},
         fix=_loader_fix(loader, workers, _uses_a_gpu(run), _where_set(run, loader)),
         remedy=loader_remedy(run, loader, workers.count),
     )
@@ -237,9 +282,10 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
     cores = cores_per_rank(run) or 1
     if worker_cores < busy_worker_cores or loader.num_workers + 1 >= cores:
         return
+    loading = loading_time(run)
     compute = _compute_s(run, wall, wait)
     batch_s = wall * loader.num_workers  # starved, the loader delivers a batch every step
-    suggested = _suggested_workers(run, batch_s, compute)
+    suggested = _suggested_workers(run, batch_s, compute, loading)
     if suggested.count <= loader.num_workers:
         return
     fixed = max(compute, batch_s / suggested.count)
@@ -248,7 +294,8 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         f"{_waits_for_data(run, share)}",
         impact=1 - fixed / wall, location=_where_set(run, loader), severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
-                  "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run)},
+                  "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run),
+                  **_loading_evidence(loading)},
         fix=_loader_fix(loader, suggested, _uses_a_gpu(run), _where_set(run, loader)),
         remedy=loader_remedy(run, loader, suggested.count),
     )

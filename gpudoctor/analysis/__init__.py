@@ -13,7 +13,14 @@ from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.gpu_work import GpuWork, Launches
 from gpudoctor.analysis.host_view import HostView
-from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
+from gpudoctor.analysis.loader_cpu import (
+    LoadingTime,
+    cores_per_rank,
+    loader_limit_s,
+    loader_workers,
+    loading_time,
+    worker_cpu_per_batch_s,
+)
 from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
 from gpudoctor.analysis.settings import Setting, setting_at
 from gpudoctor.analysis.step_view import StepView
@@ -39,8 +46,9 @@ from gpudoctor.analysis.views import (
 
 __all__ = [
     "MOVED", "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats",
-    "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "Location", "NotEvaluated",
+    "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location",
+    "NotEvaluated",
     "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step", "StepTime", "StepView",
     "SyncSite", "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
-    "loader_setting", "loader_workers", "setting_at", "settings_location", "worker_cpu_per_batch_s",
+    "loader_setting", "loader_workers", "loading_time", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

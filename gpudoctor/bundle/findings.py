@@ -82,6 +82,7 @@ class TriedJson(_TriedFields, total=False):
 
 class FindingJson(_FindingFields, total=False):
     ranks: list[int]  # only in a torchrun job's merged findings, for a finding seen on some of its ranks
+    counted_in: str  # only on a rank's finding whose saving a job's finding counts (a straggler's)
     windows: list[FindingWindowJson]  # only for a run profiled in several windows
     remedy: dict[str, object]  # only for a finding whose fix gpudoctor can apply at run time (gpudoctor.remedy)
     tried: TriedJson  # only in a run whose fixes were tried (--try-fixes, gpudoctor try)
@@ -225,15 +226,17 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     count: Annotated[int, msgspec.Meta(ge=1)] = 1
     doc: str = ""
     ranks: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
+    counted_in: str | None = None  # the code of the job's finding that counts this one's saving
     windows: list[FindingWindow] | None = None
     remedy: Remedy | None = None
     tried: Tried | None = None
 
     def to_json(self) -> FindingJson:
         plain = cast("FindingJson", self._plain())
-        # Keys that only some findings.json have: a torchrun job's (ranks), a run profiled in several windows
-        # (windows), a finding whose fix can be applied at run time (remedy), a run whose fixes were tried (tried).
-        for key in ("ranks", "windows", "remedy", "tried"):
+        # Keys that only some findings.json have: a torchrun job's (ranks, counted_in), a run profiled in several
+        # windows (windows), a finding whose fix can be applied at run time (remedy), a run whose fixes were tried
+        # (tried).
+        for key in ("ranks", "counted_in", "windows", "remedy", "tried"):
             if getattr(self, key) is None:
                 del plain[key]  # type: ignore[misc]
         if self.tried is not None:

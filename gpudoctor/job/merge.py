@@ -130,6 +130,6 @@ def _one_claim_with_the_job(records: list[FindingRecord], job_findings: list[Fin
             out.append(record)
             continue
         out.append(msgspec.structs.replace(
-            record, impact=None, saving_s=None,
+            record, impact=None, saving_s=None, counted_in=holder.code,
             impact_reason=f"counted in {holder.code}'s finding: this rank's delay is the others' wait"))
     return out

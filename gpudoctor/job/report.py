@@ -18,6 +18,7 @@ from gpudoctor.report import build_report
 from gpudoctor.report.budget import budget_json
 from gpudoctor.report.cards import finding_cards
 from gpudoctor.report.document import NotMeasuredRow, RankRow, Report, RunFacts, Status, Summary
+from gpudoctor.report.tried import with_tried_lead
 from gpudoctor.report.units import seconds
 
 FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
@@ -89,7 +90,8 @@ def _summary(job: Job, findings: list[FindingRecord], not_measured: list[NotMeas
     status: Status = ("no_steps" if not stepped else "problems" if problems
                       else "partial" if not_measured else "healthy")
     idle = [r.run.gpu_work.idle_share for r in job.ranks if r.run.gpu_work.idle_share is not None]
-    return {"verdict": job_verdict(job, problems, stepped, status), "gpu_idle_share": max(idle) if idle else None,
+    verdict = with_tried_lead(job_verdict(job, problems, stepped, status), job.pace_s, [f.to_json() for f in findings])
+    return {"verdict": verdict, "gpu_idle_share": max(idle) if idle else None,
             "healthy": not problems, "problems": len(problems), "status": status}
 
 

@@ -49,6 +49,7 @@ from gpudoctor.report.document import (
     WindowRow,
     WindowSettingsJson,
 )
+from gpudoctor.report.tried import with_tried_lead
 from gpudoctor.report.units import seconds
 
 __all__ = ["MAX_POINTS", "build_report", "link_outputs"]
@@ -299,8 +300,9 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "gpudoctor_version": __version__,
         "run": facts,
         "summary": {
-            "verdict": _with_raised(run, _verdict(idle, result.findings, steps, status, _elsewhere(run),
-                                                  facts["step_s"])),
+            "verdict": with_tried_lead(_with_raised(run, _verdict(idle, result.findings, steps, status,
+                                                                  _elsewhere(run), facts["step_s"])),
+                                       facts["step_s"], findings),
             "gpu_idle_share": idle,
             "healthy": not problems, "problems": len(problems), "status": status,
         },

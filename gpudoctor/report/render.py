@@ -6,6 +6,8 @@ import datetime as dt
 import json
 import re
 import shlex
+from collections.abc import Mapping
+from typing import Any
 
 import jinja2
 from markupsafe import Markup, escape
@@ -14,7 +16,8 @@ from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.report import svg
 from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
 from gpudoctor.report.templates import template_environment
-from gpudoctor.report.units import elapsed, percent, seconds, step_after, tried_text
+from gpudoctor.report.tried import gained, tried_applied, tried_head, tried_text
+from gpudoctor.report.units import elapsed, percent, seconds, step_after
 
 
 def findings_document(report: Report) -> FindingsDocument:
@@ -52,6 +55,9 @@ def _environment() -> jinja2.Environment:
     env.filters["elapsed"] = elapsed
     env.globals["step_after"] = step_after
     env.globals["tried_text"] = tried_text
+    env.globals["tried_head"] = tried_head
+    env.globals["tried_applied"] = tried_applied
+    env.globals["gained"] = gained
     env.globals["host_ran_ahead"] = host_ran_ahead
     env.globals["step_time_text"] = step_time_text
     env.globals["median_step_text"] = median_step_text
@@ -192,6 +198,34 @@ def step_facts(run: RunFacts) -> list[str]:
     return [text for text in (shown and f"step {shown}", median_step_text(run)) if text]
 
 
+def _cost(step_s: float | None, finding: FindingJson) -> str:
+    """' (measured 52.4 → 21.0 ms/step, 2.5×; predicted ~23.0 ms)' where its fix was measured, else what the fix
+    is predicted to save: ' (fix saves ~56%: 52.4 → ~23.0 ms/step (≈2.3×))'."""
+    measured = tried_head(step_s, finding)
+    if measured:
+        return f" ({measured})"
+    if not finding.get("impact"):
+        return ""
+    after = step_after(step_s, finding.get("saving_s"))
+    return f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
+
+
+def _tried_lines(step_s: float | None, finding: FindingJson) -> list[str]:
+    """What the try changed, where its processes say more than the fix does (a job's ranks, another finding's
+    fix), its step beside the prediction, and how it differs from the fix the prediction assumes."""
+    said = tried_text(step_s, finding)
+    if not said:
+        return []
+    tried: Mapping[str, Any] = finding.get("tried") or {}
+    lines = []
+    if tried.get("fix_of") or any(c.get("rank") is not None for c in tried.get("changes") or []):
+        lines.append(f"tried: {tried_applied(finding)}")
+    lines.append(said)
+    if tried.get("not_as_predicted"):
+        lines.append(f"not the predicted fix: {tried['not_as_predicted']}")
+    return lines
+
+
 def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> str:
     """The one-screen terminal summary."""
     run = report["run"]
@@ -214,19 +248,13 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         charted = next((w["index"] for w in windows if w["charted"]), None)
         lines.append(f"  {len(windows)} profiling windows; the figures below are from window #{charted}")
     for finding in report["findings"][:limit]:
-        after = step_after(run["step_s"], finding.get("saving_s"))
-        impact = ""
-        if finding.get("impact"):
-            impact = f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
-        lines.append(f"  [{finding['severity']}] {finding['code']}{_on_ranks(finding)} {finding['title']}{impact}"
-                     f"{_location(finding)}")
+        lines.append(f"  [{finding['severity']}] {finding['code']}{_on_ranks(finding)} {finding['title']}"
+                     f"{_cost(run['step_s'], finding)}{_location(finding)}")
         if len(windows) > 1 and finding.get("windows"):
             lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
         if finding.get("fix"):
             lines.append(f"      fix: {finding['fix']}")
-        tried = tried_text(run["step_s"], finding)
-        if tried:
-            lines.append(f"      {tried}")
+        lines += [f"      {line}" for line in _tried_lines(run["step_s"], finding)]
     hidden = len(report["findings"]) - limit
     if hidden > 0:
         lines.append(f"  ... and {hidden} more in the report")

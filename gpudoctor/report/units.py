@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 
 def seconds(value: float | None) -> str:
     if value is None:
@@ -50,19 +47,3 @@ def step_after(step_s: float | None, saving_s: float | None) -> str:
     if before.endswith(" ms") and later.endswith(" ms"):
         before = before.removesuffix(" ms")
     return f"{before} → ~{later}/step ({speedup})"
-
-
-def tried_text(step_s: float | None, finding: Mapping[str, Any]) -> str:
-    """A tried fix beside the prediction: 'predicted ~5.7 ms/step, measured 6.1 ms/step with the fix (1.7× faster)';
-    why it failed or was not tried; empty for a finding whose fix was not tried."""
-    tried = finding.get("tried")
-    if not tried:
-        return ""
-    if tried["status"] != "measured":
-        verb = "tried, failed" if tried["status"] == "failed" else "not tried"
-        return f"{verb}: {tried['reason']}"
-    saving = finding.get("saving_s")
-    predicted = f"predicted ~{seconds(max(step_s - saving, 0.0))}/step, " if step_s and saving is not None else ""
-    speedup = tried["speedup"]
-    pace = f"{speedup:.2f}× faster" if speedup >= 1 else f"{1 / speedup:.2f}× slower"
-    return f"{predicted}measured {seconds(tried['step_s'])}/step with the fix ({pace})"

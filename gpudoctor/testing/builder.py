@@ -74,14 +74,16 @@ class BundleBuilder:
              warps_per_sm: float | None = None,
              gil: float | Mapping[str, float] | None = None, cuda_memory: dict[str, int] | None = None,
              batches: int = 1, source: str = "optimizer", window: str | None = None,
-             copies: Iterable[Mapping[str, object]] = (), syncs: Iterable[Mapping[str, object]] = ()) -> int:
+             copies: Iterable[Mapping[str, object]] = (), syncs: Iterable[Mapping[str, object]] = (),
+             data_wait_cpu_s: float | None = None) -> int:
         """Add one step; returns its index.
 
         `gpu_busy_s` puts `kernels` kernels (default 1) of equal length in the trace, spread evenly over the
         part of the step after its data wait, so the step's GPU busy time is exactly `gpu_busy_s`; each
         kernel with `warps_per_sm` resident warps per SM (how much of the GPU it occupies) when given.
         `gil` is the GIL probe's mean wake-up delay (seconds) or its summary dict. `copies` and `syncs` are
-        rows as the recorder writes them (see `copy()` and `sync()` for the keys).
+        rows as the recorder writes them (see `copy()` and `sync()` for the keys). `data_wait_cpu_s` is the
+        training thread's CPU time in the data wait (loading the batch itself, with no workers).
         """
         index = len(self._spec.steps)
         _check_step(index, wall_s, data_wait_s, gpu_busy_s)
@@ -90,7 +92,7 @@ class BundleBuilder:
             window or self._window_of(index), batches, source,
             Phases(forward=forward_s or 0.0, backward=backward_s or 0.0, optimizer=optimizer_s or 0.0),
             given.gil_summary(gil, wall_s), given.cuda_memory(cuda_memory),
-            [given.copy_row(c) for c in copies], [given.sync_row(s) for s in syncs],
+            [given.copy_row(c) for c in copies], [given.sync_row(s) for s in syncs], data_wait_cpu_s,
         )
         self._spec.steps.append(step)
         if gpu_busy_s and step.window in TRACED_WINDOW_STATES:  # the profiler records its window's steps only

@@ -88,7 +88,7 @@ def _window_end(spec: BundleSpec, first: int | None, t: float) -> WindowEvent | 
 def step_event(spec: BundleSpec, s: StepSpec) -> StepEvent:
     """A step; only warm-up and active steps carry phases, copies, syncs, GIL and CUDA memory."""
     event = StepEvent(step=s.index, t0=s.start, t1=s.end, wall_s=s.wall_s, data_wait_s=s.data_wait_s,
-                      batches=s.batches, source=s.source, window=s.window, t=s.end)
+                      data_wait_cpu_s=s.data_wait_cpu_s, batches=s.batches, source=s.source, window=s.window, t=s.end)
     if not s.in_window:
         return event
     return msgspec.structs.replace(event, phases=s.phases, copies=spec.copies_of(s), syncs=spec.syncs_of(s), gil=s.gil,

@@ -67,6 +67,7 @@ class StepSpec:
     cuda_memory: CudaMemory | None
     copies: list[CopyRow]  # given to step() itself; copy()'s rows are placed when the bundle is written
     syncs: list[SyncRow]
+    data_wait_cpu_s: float | None = None  # the waiting thread's CPU in the data wait (None: not measured)
 
     @property
     def end(self) -> float:

@@ -46,6 +46,7 @@ from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
 from gpudoctor.trying.effect import applied_per_rank, effects, not_in_effect
 from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, remove, written_between
+from gpudoctor.trying.reconcile import with_borrowed_tries
 from gpudoctor.trying.settings import TrySettings
 
 TRIES_DIR = "tries"
@@ -129,7 +130,7 @@ def try_fixes(findings: list[FindingRecord], step_s: float | None, run_dir: Path
         return _with_tried(findings, settings, lambda f: refused)
     tries = _Tries(run, settings, say)
     try:
-        return _with_tried(findings, settings, tries.one)
+        return with_borrowed_tries(_with_tried(findings, settings, tries.one), step_s)
     finally:
         tries.close()
 

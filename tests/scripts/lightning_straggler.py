@@ -50,7 +50,9 @@ class Regression(L.LightningModule):
         args = self.args
         slow = self.trainer.global_rank in {int(r) for r in args.slow_ranks.split(",") if r}
         data = SlowDisk(args.steps * args.batch_size * self.trainer.world_size, args.sample_ms)
-        return DataLoader(data, batch_size=args.batch_size, num_workers=0 if slow else args.workers, persistent_workers=args.persistent and not slow)
+        workers = 0 if slow else args.workers
+        persistent = workers > 0 and args.persistent
+        return DataLoader(data, batch_size=args.batch_size, num_workers=workers, persistent_workers=persistent)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
