@@ -198,7 +198,7 @@ def step_facts(run: RunFacts) -> list[str]:
     return [text for text in (shown and f"step {shown}", median_step_text(run)) if text]
 
 
-def _cost(step_s: float | None, finding: FindingJson) -> str:
+def cost_text(step_s: float | None, finding: FindingJson) -> str:
     """' (measured 52.4 → 21.0 ms/step, 2.5×; predicted ~23.0 ms)' where its fix was measured, else what the fix
     is predicted to save: ' (fix saves ~56%: 52.4 → ~23.0 ms/step (≈2.3×))'."""
     measured = tried_head(step_s, finding)
@@ -210,7 +210,7 @@ def _cost(step_s: float | None, finding: FindingJson) -> str:
     return f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
 
 
-def _tried_lines(step_s: float | None, finding: FindingJson) -> list[str]:
+def tried_lines(step_s: float | None, finding: FindingJson) -> list[str]:
     """What the try changed, where its processes say more than the fix does (a job's ranks, another finding's
     fix), its step beside the prediction, and how it differs from the fix the prediction assumes."""
     said = tried_text(step_s, finding)
@@ -249,12 +249,12 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         lines.append(f"  {len(windows)} profiling windows; the figures below are from window #{charted}")
     for finding in report["findings"][:limit]:
         lines.append(f"  [{finding['severity']}] {finding['code']}{_on_ranks(finding)} {finding['title']}"
-                     f"{_cost(run['step_s'], finding)}{_location(finding)}")
+                     f"{cost_text(run['step_s'], finding)}{_location(finding)}")
         if len(windows) > 1 and finding.get("windows"):
             lines.append(f"      {_windows_seen(finding['windows'], len(windows))}")
         if finding.get("fix"):
             lines.append(f"      fix: {finding['fix']}")
-        lines += [f"      {line}" for line in _tried_lines(run["step_s"], finding)]
+        lines += [f"      {line}" for line in tried_lines(run["step_s"], finding)]
     hidden = len(report["findings"]) - limit
     if hidden > 0:
         lines.append(f"  ... and {hidden} more in the report")

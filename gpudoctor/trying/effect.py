@@ -137,6 +137,8 @@ def _loaders(remedy: Remedy, rank: int | None, before: list[AnyEvent],
     had = _settings(diagnosed[0]) if diagnosed else {}
     has = _settings(loader)
     for name in wanted:
+        if not loader.num_workers and name in NEED_WORKERS:
+            continue  # a change to the workers of a loader that ran without any changed nothing it ran with
         if has.get(name) != had.get(name) and (diagnosed or has.get(name) is not None):
             changes.append(TriedChange(rank=rank, setting=name, before=had.get(name), after=has.get(name)))
     off = {name: has.get(name) for name, value in wanted.items() if has.get(name) != value

@@ -16,13 +16,14 @@ import msgspec
 from gpudoctor.bundle.findings import FindingRecord, Tried, TriedChange
 
 STRAGGLER = "straggler"  # the category of a finding whose prediction changes its slow rank alone
+LENT = ("measured", "failed")  # a try that ran: what it measured, or why it says nothing of the fix
 
 
 def with_borrowed_tries(findings: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:
-    """The findings, a job's finding that counts another's saving given that one's try, and every measured try
-    reconciled with its finding's prediction."""
+    """The findings, a job's finding that counts another's saving given that one's try (measured or failed), and
+    every measured try reconciled with its finding's prediction."""
     measured = {f.counted_in: f for f in findings
-                if f.counted_in and f.tried is not None and f.tried.status == "measured"}
+                if f.counted_in and f.tried is not None and f.tried.status in LENT}
     return [reconciled(_borrowed(f, measured.get(f.code)), step_s) for f in findings]
 
 

@@ -3,7 +3,9 @@
 Each sample takes --sample-ms to load (a sleep: reading from a slow disk). The ranks in --slow-ranks iterate
 their DataLoader with num_workers=0, so every step waits for a whole batch; the other ranks have two workers
 (--workers) that load ahead, and then wait for the slow rank in every all-reduce. `--slow-ranks ""` is the fixed
-twin: every rank has its workers.
+twin: every rank has its workers. With `--workers-off-after`, the slow ranks build their DataLoader with the
+workers and turn them off on the line after (`loader.num_workers = 0`), where a fix made in DataLoader(...) does
+not reach.
 """
 
 import argparse
@@ -37,12 +39,17 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512, help="the model's hidden width: its compute per step")
     parser.add_argument("--slow-ranks", default="1", help="comma-separated ranks that load without workers")
     parser.add_argument("--workers", type=int, default=2, help="the DataLoader workers of the other ranks")
+    parser.add_argument("--workers-off-after", action="store_true",
+                        help="the slow ranks set num_workers=0 after building their DataLoader with the workers")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     slow = rank in {int(r) for r in args.slow_ranks.split(",") if r}
+    off_after = slow and args.workers_off_after
     loader = DataLoader(SlowDisk(args.steps * args.batch_size, args.sample_ms), batch_size=args.batch_size,
-                        num_workers=0 if slow else args.workers)
+                        num_workers=0 if slow and not off_after else args.workers)
+    if off_after:
+        loader.num_workers = 0
     model = DistributedDataParallel(nn.Sequential(nn.Linear(64, args.width), nn.ReLU(),
                                                   nn.Linear(args.width, args.width), nn.ReLU(),
                                                   nn.Linear(args.width, 4)))

@@ -8,7 +8,8 @@ then hold still. The ranks in --slow-ranks build their DataLoader with num_worke
 `--slow-ranks "" --workers N --persistent` is the fixed twin: every rank has N persistent workers.
 
 Each rank prints one line, `lightning_straggler: {"rank": R, "mean_step_s": S}`: the mean time of its steps after
-the first WARMUP, as the script measures them itself.
+the first WARMUP, as the script measures them itself: the steps gpudoctor's pace is the mean of, after its default
+profiling window (5 steps' wait, 2 of warm-up, 5 active, 5 detail).
 """
 
 import argparse
@@ -20,7 +21,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-WARMUP = 6
+WARMUP = 17
 
 
 class SlowDisk(Dataset):
@@ -75,10 +76,10 @@ class StepTimes(L.Callback):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--sample-ms", type=float, default=4.0)
-    parser.add_argument("--device-ms", type=float, default=15.0)
+    parser.add_argument("--sample-ms", type=float, default=10.0)
+    parser.add_argument("--device-ms", type=float, default=40.0)
     parser.add_argument("--slow-ranks", default="1", help="comma-separated ranks that load without workers")
     parser.add_argument("--workers", type=int, default=2, help="the DataLoader workers of the other ranks")
     parser.add_argument("--persistent", action="store_true", help="the other ranks' workers are persistent")
