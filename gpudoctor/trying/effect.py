@@ -47,6 +47,8 @@ def effects(remedy: Remedy, diagnosed_dir: Path, try_dir: Path) -> list[Effect]:
     tried, diagnosed = _bundles(try_dir), _bundles(diagnosed_dir)
     found = []
     for rank, bundle in tried.items():
+        if remedy.rank is not None and rank is not None and rank != remedy.rank:
+            continue  # a remedy for one rank leaves the others as they ran
         try:
             after = _events(bundle)
             before = _events(diagnosed[rank]) if rank in diagnosed else []

@@ -88,6 +88,14 @@ def test_settings_the_fix_leaves_alone_are_not_required(tmp_path: Path) -> None:
     assert not_in_effect(found) is None and found[0].changes == []
 
 
+def test_a_fix_for_one_rank_asks_nothing_of_the_others(tmp_path: Path) -> None:
+    remedy = msgspec.structs.replace(REMEDY, rank=1)
+    found = effects(remedy, _job(tmp_path / "run", (_loader(2),), (_loader(0),)),
+                    _job(tmp_path / "try", (_loader(2),), (_loader(3, True),)))
+    assert not_in_effect(found) is None
+    assert applied_per_rank(found) == "rank 1: num_workers 0 → 3, persistent_workers False → True"
+
+
 def test_threads_are_read_from_the_window(tmp_path: Path) -> None:
     remedy = Remedy(intra_op_threads=1)
     found = effects(remedy, _bundle(tmp_path / "run", EnvWindowEvent(intra_op_threads=4)),
