@@ -68,6 +68,9 @@ def _suggested_workers(run: Run, load_s: float, compute_s: float) -> Workers:
     if count == limit and needed > limit:
         ranks = run.host.env.ranks_on_host
         shared = f" (the host's {run.host.env.cores} shared by {ranks} ranks)" if ranks > 1 else ""
+        if count + 1 > (cores or 2):  # the smallest hosts: the workers share the cores with the training process
+            return Workers(count, f"on {cores or 2:g} cores{shared}: more workers than the cores left beside the "
+                                  "training process, which mostly waits for their batches")
         return Workers(count, f"as many as the {cores:g} cores{shared} allow, one kept for the training process")
     return Workers(count, f"enough to load a batch ({load_s * 1e3:.1f} ms) in parallel within the step's "
                           f"{compute_s * 1e3:.1f} ms of compute")

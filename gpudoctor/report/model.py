@@ -167,6 +167,10 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
         return f"{idle_text}; no problems found{measured}."
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
     total = min(MAX_TOTAL_SAVING, sum(f.impact or 0.0 for f in problems))
+    if total <= 0 and idle is None:  # nothing measured of a GPU to say first (a CPU run): what was found
+        their = "its" if len(problems) == 1 else "their"
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return f"{count}; {their} cost{of_step} is not estimated: {problems[0].title.rstrip('.')}{more}."
     if total <= 0:
         return f"{idle_text}; {count}."
     after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
