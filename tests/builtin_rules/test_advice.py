@@ -111,3 +111,14 @@ def test_a_sync_made_by_lightnings_loop_names_lightnings_setting_where_the_train
     assert finding["location"]["line"] == 3, finding["location"]  # Trainer(...), where its settings go
     assert "Trainer(log_every_n_steps=N)" in finding["fix"] and "every N steps" not in finding["fix"], finding["fix"]
     assert "TQDMProgressBar(refresh_rate=N)" in finding["fix"]
+
+
+def test_workers_on_two_cores_do_not_claim_a_core_kept_for_the_training_process(tmp_path: Path) -> None:
+    b = BundleBuilder(tmp_path)
+    b.env(cores=2)
+    b.loader(num_workers=0, batch_size=32, site=("train.py", 41, "main"))
+    b.steps(8, wall_s=0.1, data_wait_s=0.09)
+    b.process(1.0)
+    fix = assert_fires("GD101", b.build())[0]["fix"]
+    assert ": 2 workers, on 2 cores: more workers than the cores left beside the training process" in fix, fix
+    assert "one kept for the training process" not in fix, fix

@@ -145,3 +145,14 @@ def test_savings_together_never_promise_a_step_shorter_than_its_own_work(tmp_pat
         assert "~0 µs/step" not in text and "all of it" not in text, text
         after = 0.4 * (1 - min(0.95, total))
         assert f"down to ~{seconds(after)}" in text.splitlines()[0], text
+
+
+def test_a_cpu_runs_problems_without_a_cost_are_said_without_a_gpu(tmp_path: Path) -> None:
+    """After GD101's fix on a CPU run, what is left may have no estimated cost: the verdict says what was found,
+    not "GPU activity not measured; 1 problem"."""
+    b = BundleBuilder(tmp_path)
+    b.steps(3)
+    run = b.build()
+    verdict = build_report(run, run_rules(run, [cost_unknown]))["summary"]["verdict"]
+    assert verdict == "1 problem; its cost of each 100.0 ms step is not estimated: something.", verdict
+    assert "GPU" not in verdict
