@@ -19,7 +19,7 @@ __all__ = [
     "Summary", "TimelineChart", "TopKernel", "WindowRow", "WindowSettingsJson",
 ]
 
-Status = Literal["no_steps", "problems", "partial", "healthy"]
+Status = Literal["no_steps", "problems", "unexplained", "partial", "healthy"]
 
 
 # -- the verdict and the facts at the top ------------------------------------------------------------
