@@ -223,13 +223,19 @@ class SeriesRow(_SeriesFields, total=False):
     hover_only: bool  # shown in a bucket's tooltip, not drawn; the key is there only when true
 
 
-class PanelJson(TypedDict):
+class _PanelFields(TypedDict):
     key: str
     title: str
     unit: str
     kind: Literal["line", "bars"]
     max: float
     series: list[SeriesRow]
+
+
+class PanelJson(_PanelFields, total=False):
+    # The top of the panel's scale where a few values far above the rest (a loader's first batch, its workers
+    # starting) would flatten them: those are drawn cut at it, their values written above. Absent: `max`.
+    clip: float
 
 
 class TimelineChart(TypedDict):
