@@ -16,7 +16,7 @@ import msgspec
 
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
-from gpudoctor.analysis.floor import claim_budget
+from gpudoctor.analysis.shares import claim_budget
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
@@ -152,7 +152,7 @@ def within_slices(records: list[FindingRecord], budget: Budget | None, idle: boo
     a reason naming the finding that counts that time. Rules that size a cost on the host's time (a copy's blocked
     seconds) can overshoot the GPU idle it leaves: inference_pageable_bad's two copies blocked the host for 53% and
     30% of the step beside 70% of GPU idle in copies and syncs. `idle`: the budget's slices are the GPU's idle (a
-    run without GPU activity has a budget of the host's time, analysis.floor.claim_budget)."""
+    run without GPU activity has a budget of the host's time, analysis.shares.claim_budget)."""
     if budget is None:
         return records
     left = {s.name: s.share for s in budget.slices}

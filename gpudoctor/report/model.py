@@ -27,6 +27,7 @@ from urllib.parse import quote
 from gpudoctor._version import __version__
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import IDLE_SLICES, SLICE_LABELS, SLICES_OF_CATEGORY
+from gpudoctor.analysis.shares import gpu_idle_share
 from gpudoctor.analysis.summary import PhaseTime, breakdown
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Location, StartedProcess, Step
@@ -353,15 +354,6 @@ def _run_facts(run: Run) -> RunFacts:
     }
 
 
-def _idle_share(run: Run) -> float | None:
-    """The share of the step the GPU idles: the budget's idle slices (its data wait is every step's, as the
-    savings are), else the analysed steps' idle time."""
-    budget = run.budget
-    if budget is None:
-        return run.gpu_work.idle_share
-    return budget.idle_share
-
-
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
                  windows: list[WindowStats] | None = None) -> Report:
     """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
@@ -370,7 +362,7 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     `run` is then the window the charts show.
     """
     steps = run.steps
-    idle = _idle_share(run)
+    idle = gpu_idle_share(run)
     created = created_at(run)
     problems = _problems(result.findings)
     not_measured = _not_measured(run)

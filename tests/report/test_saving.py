@@ -126,7 +126,7 @@ def test_savings_together_never_promise_a_step_shorter_than_its_own_work(tmp_pat
     """GD504 (other programs' CPU) and GD101 (the loader in the main process) both claim the wait: counted once,
     their sum stays within the step less the main thread's own work; and GD504 alone never promises a step
     shorter than the main thread's CPU per step (once it printed "201.0 ms → ~0 µs/step (≈614719.7×)")."""
-    from gpudoctor.analysis.floor import work_floor_s
+    from gpudoctor.analysis.shares import work_floor_s
     from gpudoctor.engine import builtin_rules
 
     for name, others, delay, cores in (("loaded", 1.7, 0.82, 0.15), ("absurd", 1.94, 0.99, 0.06)):

@@ -1,4 +1,9 @@
-"""The least a step can take, and the budget the findings' savings are shared out of.
+"""The shares of a step every page says alike: how much of it the GPU idles, the least the step can take, and the
+budget the findings' savings are shared out of.
+
+The GPU's idle share is the budget's idle slices (its data wait that of every step after start-up, as the savings'
+is), else the analysed steps' idle time: a run's report, a job's rank in the job's report and on its own page all
+say this one.
 
 Every fix of an idle or a wait leaves the step its own work: the GPU's work per step where the trace shows it;
 on a run without GPU activity, the main thread's CPU per step outside its wait for data (loading leaves the main
@@ -30,3 +35,11 @@ def claim_budget(run: Run) -> Budget | None:
         return run.budget
     step = run.pace.seconds
     return host_budget(step, work_floor_s(run), len(run.steps)) if step and run.steps else None
+
+
+def gpu_idle_share(run: Run) -> float | None:
+    """The share of the step the GPU idles (see the module's docstring); None without GPU activity."""
+    budget = run.budget
+    if budget is None:
+        return run.gpu_work.idle_share
+    return budget.idle_share
