@@ -205,6 +205,9 @@ FRAMEWORK_SYNCS = {
                              "loss"),
 }
 OLD_NAMES = {"pytorch_lightning.": "lightning.pytorch.", "lightning_fabric.": "lightning.fabric."}
+# The frameworks whose Trainer runs the loop (the user's line is then `trainer.fit(...)` or `trainer.train()`),
+# and what their Trainer is built from: a call of theirs not in FRAMEWORK_SYNCS still has its setting there.
+FRAMEWORK_TRAINERS = {"lightning.": "Trainer", "transformers.": "TrainingArguments"}
 
 
 def framework_sync(site: SyncSite) -> FrameworkSync | None:
@@ -212,8 +215,16 @@ def framework_sync(site: SyncSite) -> FrameworkSync | None:
     if site.via is None:
         return None
     via = next((new + site.via[len(old):] for old, new in OLD_NAMES.items() if site.via.startswith(old)), site.via)
-    return next((sync for module, sync in FRAMEWORK_SYNCS.items() if via == module or via.startswith(module + ".")),
-                None)
+    known = next((sync for module, sync in FRAMEWORK_SYNCS.items() if via == module or via.startswith(module + ".")),
+                 None)
+    if known is not None:
+        return known
+    built_by = next((callee for prefix, callee in FRAMEWORK_TRAINERS.items() if via.startswith(prefix)), None)
+    if built_by is None:
+        return None
+    return FrameworkSync(built_by, f"the call is made by {site.via} for this line, inside the framework's loop: "
+                                   f"look for the {built_by}'s or a callback's setting that makes it less often "
+                                   "(logging, progress, checks)")
 
 
 def _sync_fix(site: SyncSite) -> str:

@@ -111,6 +111,13 @@ def test_a_sync_made_by_lightnings_loop_names_lightnings_setting_where_the_train
     assert finding["location"]["line"] == 3, finding["location"]  # Trainer(...), where its settings go
     assert "Trainer(log_every_n_steps=N)" in finding["fix"] and "every N steps" not in finding["fix"], finding["fix"]
     assert "TQDMProgressBar(refresh_rate=N)" in finding["fix"]
+    # A module of Lightning's without a known setting: still at Trainer(...), never "call this line every N steps".
+    b = BundleBuilder(tmp_path / "other", script=str(script))
+    b.sync("item", host_s=0.004, site=(str(script), 4, "<module>"), via="lightning.pytorch.loops.fetchers")
+    b.steps(8, wall_s=0.1, gpu_busy_s=0.05)
+    b.process(1.0)
+    other = assert_fires("GD211", b.build())[0]
+    assert other["location"]["line"] == 3 and "call this line" not in other["fix"], other
 
 
 def test_workers_on_two_cores_do_not_claim_a_core_kept_for_the_training_process(tmp_path: Path) -> None:
