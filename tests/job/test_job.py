@@ -174,7 +174,7 @@ def test_the_jobs_page_and_its_ranks_pages_agree_on_the_cpu(straggler_job: tuple
     gd, merged = straggler_job
     assert merged["run"]["launcher"] == "torchrun"
     for row in merged["run"]["ranks"]:
-        own = checked_findings(Path(row["bundle"]) / "findings.json")
+        own = checked_findings(gd.cwd / row["bundle"] / "findings.json")
         assert row["gpu_idle_share"] == own["summary"]["gpu_idle_share"] is None
         time = row["time"]
         assert time["computing_s"] == 0.0 and time["step_s"] == pytest.approx(own["run"]["step_s"], rel=1e-6)
