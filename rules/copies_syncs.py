@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from gpudoctor import Finding, LoaderRemedy, NotEvaluated, Remedy, Run, rule
-from gpudoctor.analysis.views import CopySite, SyncSite
+from gpudoctor.analysis import call_of
+from gpudoctor.analysis.views import CopySite, Location, SyncSite
 
 MB = 1024 * 1024
 # Nominal PCIe bandwidth per lane by generation (bytes/s), and the share of it a pinned host-to-device
@@ -53,6 +55,17 @@ def _pinned_batches(run: Run) -> Remedy | None:
     return Remedy(loader=LoaderRemedy(at=loader.built_at, pin_memory=True), non_blocking_batches=True)
 
 
+def _pin_where_made(run: Run) -> str:
+    """How to pin a copy's source: in the DataLoader that makes the batches, where the script iterates one that does
+    not pin them; else where the script makes the tensor (no DataLoader runs, or its batches are pinned already and
+    the copy's source is another tensor): a DataLoader option would change nothing there."""
+    loader = run.sites.loader.main
+    if loader is not None and not loader.pin_memory:
+        return "DataLoader(..., pin_memory=True), or tensor.pin_memory() once for a tensor the script reuses"
+    return ("tensor.pin_memory() where the script makes the tensor, once, outside the loop (a buffer reused each "
+            "step: pin it when it is made)")
+
+
 @rule("GD201", "pageable-host-to-device-copy", category="blocking_copy", claims="host_copy")
 def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[Finding]:
     """Host-to-device copies from pageable (unpinned) memory block the training loop.
@@ -64,7 +77,8 @@ def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[
     pinned buffer while the host waits, and the copy cannot overlap compute.
 
     Fix: pin the source (`DataLoader(..., pin_memory=True)` or `tensor.pin_memory()` once for reused
-    buffers) and copy with `non_blocking=True`.
+    buffers) and copy with `non_blocking=True`. Where no DataLoader makes the batches (a tensor the script made
+    itself), or its batches are pinned already, the fix pins the tensor where the script makes it.
 
     Impact: the host time the copy blocks, less the time the same bytes still take over the PCIe link
     from pinned memory (NVML's link generation and width, at the share of nominal measured on an H100).
@@ -80,8 +94,7 @@ def pageable_host_to_device_copy(run: Run, min_share: float = 0.03) -> Iterator[
             f"Host-to-device copy from pageable memory blocks {share:.0%} of each step",
             impact=max(0.0, share - still), location=site.location, evidence=_copy_evidence(site, steps),
             count=site.count,
-            fix="pin the source (DataLoader(..., pin_memory=True) or tensor.pin_memory()) and copy with "
-                ".to(device, non_blocking=True)",
+            fix=f"pin the source ({_pin_where_made(run)}) and copy with .to(device, non_blocking=True)",
             remedy=_pinned_batches(run),
         )
 
@@ -104,7 +117,7 @@ def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
             yield Finding(
                 "non_blocking=True on a copy from unpinned memory: the copy still blocks",
                 impact=site.host_s / steps / wall, location=site.location, evidence=_copy_evidence(site, steps),
-                count=site.count, fix="pin the source: tensor.pin_memory(), or DataLoader(..., pin_memory=True)",
+                count=site.count, fix=f"pin the source: {_pin_where_made(run)}; or drop non_blocking=True",
             )
 
 
@@ -156,12 +169,81 @@ LIBRARY_SYNC_FIXES = {
 }
 
 
+@dataclass(frozen=True)
+class FrameworkSync:
+    """A synchronizing call a framework's own loop makes inside the user's `trainer.fit(...)` or `.train()`: the
+    setting that changes it (`fix`), made where the script builds `built_by` (its Trainer, TrainingArguments)."""
+
+    built_by: str
+    fix: str
+
+
+PROGRESS_BAR = ("a progress bar that refreshes less often (callbacks=[TQDMProgressBar(refresh_rate=N)], or "
+                "enable_progress_bar=False)")
+# Lightning's modules, by the name of the module that made the call (the old package names read as the new).
+FRAMEWORK_SYNCS = {
+    "lightning.pytorch.loops.training_epoch_loop": FrameworkSync(
+        "Trainer", "Lightning's training loop makes it at every batch under DDP (Lightning 2.5 and later): rank 0's "
+                   "SIGTERM flag, broadcast and read with .item(), so that every rank stops together; no Trainer "
+                   "setting turns it off: it costs less where each batch does more work (a larger batch per rank)"),
+    "lightning.fabric.utilities.apply_func": FrameworkSync(
+        "Trainer", "Lightning reads the logged values as numbers for the progress bar and the loggers: "
+                   f"Trainer(log_every_n_steps=N) and {PROGRESS_BAR}; self.log(..., on_step=False, on_epoch=True) "
+                   "for values that need not be read at every step"),
+    "lightning.pytorch.callbacks.progress": FrameworkSync(
+        "Trainer", f"Lightning's progress bar reads the values logged with prog_bar=True: {PROGRESS_BAR}"),
+    "lightning.pytorch.loggers": FrameworkSync(
+        "Trainer", "Lightning's logger reads the logged values as numbers: Trainer(log_every_n_steps=N)"),
+    "lightning.fabric.loggers": FrameworkSync(
+        "Trainer", "Lightning's logger reads the logged values as numbers: Trainer(log_every_n_steps=N)"),
+    "lightning.fabric.utilities.distributed": FrameworkSync(
+        "Trainer", "Lightning gathers a value logged with sync_dist=True from every rank: self.log(..., "
+                   "sync_dist=False) for a value each rank can log alone, or on_step=False to gather once an epoch"),
+    "transformers.trainer": FrameworkSync(
+        "TrainingArguments", "the Trainer checks each step's loss for nan and inf (a read of the GPU's value): "
+                             "TrainingArguments(logging_nan_inf_filter=False), and logging_steps=N for the logged "
+                             "loss"),
+}
+OLD_NAMES = {"pytorch_lightning.": "lightning.pytorch.", "lightning_fabric.": "lightning.fabric."}
+# The frameworks whose Trainer runs the loop (the user's line is then `trainer.fit(...)` or `trainer.train()`),
+# and what their Trainer is built from: a call of theirs not in FRAMEWORK_SYNCS still has its setting there.
+FRAMEWORK_TRAINERS = {"lightning.": "Trainer", "transformers.": "TrainingArguments"}
+
+
+def framework_sync(site: SyncSite) -> FrameworkSync | None:
+    """The framework's setting, where a framework's loop made the call (the user's line is then `fit(...)`)."""
+    if site.via is None:
+        return None
+    via = next((new + site.via[len(old):] for old, new in OLD_NAMES.items() if site.via.startswith(old)), site.via)
+    known = next((sync for module, sync in FRAMEWORK_SYNCS.items() if via == module or via.startswith(module + ".")),
+                 None)
+    if known is not None:
+        return known
+    built_by = next((callee for prefix, callee in FRAMEWORK_TRAINERS.items() if via.startswith(prefix)), None)
+    if built_by is None:
+        return None
+    return FrameworkSync(built_by, f"the call is made by {site.via} for this line, inside the framework's loop: "
+                                   f"look for the {built_by}'s or a callback's setting that makes it less often "
+                                   "(logging, progress, checks)")
+
+
 def _sync_fix(site: SyncSite) -> str:
     if site.via is None:
         return SYNC_FIXES.get(site.kind, "move the call out of the step")
     library = next((fix for module, fix in LIBRARY_SYNC_FIXES.items() if site.via.startswith(module)), None)
+    framework = framework_sync(site)
+    if framework is not None and library is None:
+        return framework.fix
     return library or (f"the call is made by {site.via} for this line: look for its option to read values less "
                        "often (logging, progress, checks), or call this line every N steps")
+
+
+def _sync_location(site: SyncSite) -> Location | None:
+    """Where the fix goes: the user's line, or where the script builds the framework object whose setting it is."""
+    framework = framework_sync(site)
+    if framework is None or site.location is None:
+        return site.location
+    return call_of(site.location.file, framework.built_by) or site.location
 
 
 def _stall_share(run: Run, wall: float) -> float | None:
@@ -186,7 +268,10 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
     Fix: keep values on the GPU (`running = running + loss.detach()`) and read them once every N steps;
     drop `torch.cuda.synchronize()` and `empty_cache()` from the step. Where a library makes the call for
     the user's line, the finding names it and the fix is that library's: `torch.amp.GradScaler.step()` reads
-    its overflow flag every step unless the optimizer is fused (`fused=True`), which reads it on the GPU.
+    its overflow flag every step unless the optimizer is fused (`fused=True`), which reads it on the GPU. Where
+    a framework's own loop makes the call inside the script's `trainer.fit(...)` (Lightning's logging, progress
+    bar or DDP loop; Hugging Face's Trainer), the finding points at the line that builds the Trainer (or its
+    `TrainingArguments`) and the fix is the framework's setting, not a change to the call to `fit`.
 
     Impact: what the step loses to the synchronizing calls, shared among the lines by their number of
     calls (each sync costs one drain-and-refill of the GPU's queue): the lesser of two shares of the step.
@@ -217,7 +302,7 @@ def sync_in_step(run: Run, min_calls_per_step: float = 1.0, min_share: float = 0
         made_by = f" in {site.via}" if site.via else ""
         yield Finding(
             f"{_call_name(site.kind)}{made_by} makes the host wait for the GPU {site.count / steps:.0f}× per step",
-            impact=impact, location=site.location, count=site.count,
+            impact=impact, location=_sync_location(site), count=site.count,
             evidence={"calls per step": round(site.count / steps, 1),
                       "host blocked per step": (round(site.host_s / steps * 1e3, 2), "ms"),
                       "longest wait": (round(site.max_s * 1e3, 2), "ms")},

@@ -1,4 +1,4 @@
-"""GD6xx: a torchrun job's ranks, together: one holds the others back."""
+"""GD6xx: a job's ranks (torchrun's, Lightning's, mp.spawn's, accelerate's), together: one holds the others back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gpudoctor import Finding, Job, NotEvaluated, RankFigures, RankRun, rule
 from gpudoctor.analysis.views import Location
-from gpudoctor.job import job_after_fix, straggling
+from gpudoctor.job import job_after_fix, straggling, taking_turns
 
 # A data wait explains the straggling when the slow rank waits for data at least this share of what the others
 # wait for it: the rest of the difference is then within what one more finding could name.
@@ -31,12 +31,16 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
               critical_wait_share: float = 0.5) -> Iterator[Finding]:
     """One rank holds back the others: they wait for it in every collective.
 
-    What it detects: the ranks of a torchrun job (DDP, FSDP) meet in a collective every step (the gradients'
-    all-reduce). A rank that reaches it late, because its loader, its host or its GPU is slower, makes every other
-    rank wait: their NCCL kernels (or gloo's collectives) last longer than its own by the time they wait. The rule
-    names the rank that spends the least time in collectives in at least `min_consistency` of the steps while the
-    others wait at least `min_wait_share` of the step (and `min_wait_ms`) for it, and says what the slow rank does
-    differently: its data wait, or its own largest finding.
+    What it detects: the ranks of a job (DDP, FSDP, whatever launched it) meet in a collective every step (the
+    gradients' all-reduce). A rank that reaches it late, because its loader, its host or its GPU is slower, makes
+    every other rank wait: their NCCL kernels (or gloo's collectives) last longer than its own by the time they
+    wait. The rule names the rank that spends the least time in collectives in at least `min_consistency` of the
+    steps while the others wait at least `min_wait_share` of the step (and `min_wait_ms`) for it, and says what the
+    slow rank does differently: its data wait, or its own largest finding. Where no rank is last that often, but the
+    ranks wait for each other in turns (at least `min_wait_share` of the profiled step, and `min_wait_ms`) and the
+    rank that is last waited longer for its data than the others in at least half the steps, the rule says so: their
+    loaders deliver late in turns (whatever launched the job: torchrun, mp.spawn, Lightning or accelerate), and the
+    ranks' own input-pipeline findings hold the cost.
 
     Why it matters: the whole job runs at the slowest rank's speed. Every other GPU idles while it waits, so the
     cost is paid once per rank: one slow loader on rank 1 of 8 idles 7 GPUs.
@@ -59,7 +63,10 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
     found = straggling(job)
     wait_s, step_s, slow, others = found.wait_s, found.step_s, found.slow, found.others
     pace = job.pace_s
-    if not step_s or not pace or found.consistency < min_consistency or wait_s * 1e3 < min_wait_ms:
+    if found.consistency < min_consistency:
+        yield from _in_turns(job, min_wait_share, min_wait_ms)
+        return
+    if not step_s or not pace or wait_s * 1e3 < min_wait_ms:
         return
     cause = straggler_cause(slow, others, wait_s)
     after = job_after_fix(found, pace, cause.extra_s)
@@ -77,15 +84,54 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
             "slow rank": slow.rank,
             "the job's step": (round(pace * 1e3, 2), "ms"),
             "the others' wait per profiled step": (round(wait_s * 1e3, 2), "ms"),
-            "profiled step": (round(step_s * 1e3, 2), "ms"),
+            "the others' profiled step": (round(step_s * 1e3, 2), "ms"),
             f"steps where rank {slow.rank} arrived last": f"{found.slow_steps} of {found.steps}",
-            f"rank {slow.rank} data wait per step": (_ms(slow.figures.data_wait_s), "ms"),
-            "the others' data wait per step": (_ms(_median_of(f.data_wait_s for f in others)), "ms"),
+            f"rank {slow.rank}'s profiled step": (_ms(slow.figures.median_step_s), "ms"),
+            f"rank {slow.rank} data wait per profiled step": (_ms(slow.figures.data_wait_s), "ms"),
+            "the others' data wait per profiled step": (_ms(_median_of(f.data_wait_s for f in others)), "ms"),
             "cause": cause.said,
             "the job's step after the fix": (round(after.step_s * 1e3, 2), "ms"),
             "then limited by": after.limited_by,
         },
         fix=cause.fix,
+    )
+
+
+# Ranks that wait for each other in turns are named when their loaders explain the wait in at least this share of
+# the steps: ranks whose hosts run ahead of their GPUs also wait for each other in the profiled steps, with no
+# data wait behind it (balanced twins on two H200s: 4.4-5.2 ms of 7.2-7.4 ms profiled steps).
+TURNS_EXPLAINED = 0.5
+
+
+def _in_turns(job: Job, min_wait_share: float, min_wait_ms: float) -> Iterator[Finding]:
+    """No one rank is last: the ranks wait for each other in turns, as their loaders deliver late in turns (both
+    of pytorch/examples' ImageNet ranks under mp.spawn, -j 4 on two GPUs: rank 0 waited 243 ms a step)."""
+    turns = taking_turns(job)
+    if (not turns.step_s or turns.wait_s < min_wait_share * turns.step_s or turns.wait_s * 1e3 < min_wait_ms
+            or turns.explained < TURNS_EXPLAINED * turns.steps):
+        return
+    late = sorted(turns.late.items(), key=lambda item: (-item[1], item[0]))
+    ranks = [str(rank) for rank in sorted(turns.late)]
+    names = f"{', '.join(ranks[:-1])} and {ranks[-1]}"
+    who = ", ".join(f"rank {rank} in {count}" for rank, count in late)
+    first = job.rank(late[0][0])
+    loader = first.run.sites.loader.main
+    yield Finding(
+        title=(f"Ranks {names} wait for each other in turns: {turns.wait_s * 1e3:.1f} ms of each "
+               f"{turns.step_s * 1e3:.1f} ms profiled step, the last to arrive changing from step to step"),
+        impact=None,
+        impact_reason="the ranks' own input-pipeline findings count this time: each one's loader makes the others "
+                      "wait in its turn",
+        location=loader.location if loader is not None else None,
+        evidence={
+            "the others' wait per profiled step": (round(turns.wait_s * 1e3, 2), "ms"),
+            "profiled step": (round(turns.step_s * 1e3, 2), "ms"),
+            "last to arrive": f"{who} of {turns.steps} steps",
+            "steps whose last rank waited longer for data": f"{turns.explained} of {turns.steps}",
+            "data wait per profiled step": (round(turns.data_wait_s * 1e3, 2), "ms"),
+        },
+        fix=("make every rank's loader keep up (the input-pipeline finding on each rank names the line and the "
+             "workers); no rank is then late, and none waits for another"),
     )
 
 

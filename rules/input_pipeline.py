@@ -13,7 +13,9 @@ from gpudoctor.analysis import (
     LoaderInfo,
     LoadingTime,
     Location,
+    Setting,
     cores_per_rank,
+    flag_value,
     loader_setting,
     loader_workers,
     loading_time,
@@ -90,11 +92,11 @@ def _suggested_workers(run: Run, load_s: float, compute_s: float, loading: Loadi
         waits = (f"; loading waits {loading.io_share:.0%} of its time on I/O and uses {loading.cpu_share:.0%} of a "
                  f"core, so more workers than {the_cores} help")
         return Workers(count, enough + (waits if count > (cores or 2) else ""))
-    if capped and limit == spare:
-        return Workers(count, f"as many as {the_cores} allow, one kept for the training process")
+    if capped and count + 1 > (cores or 2):  # the smallest hosts: the workers share the cores with the training process
+        return Workers(count, f"on {the_cores}: more workers than the cores left beside the training process, "
+                              "which mostly waits for their batches")
     if capped:
-        return Workers(count, f"two: on {the_cores}, two workers still beat one while the training process waits "
-                              "for data")
+        return Workers(count, f"as many as {the_cores} allow, one kept for the training process")
     return Workers(count, enough)
 
 
@@ -133,13 +135,13 @@ def _where_set(run: Run, loader: LoaderInfo) -> Location | None:
     return built or loader.location
 
 
-def _loader_fix(loader: LoaderInfo, suggested: Workers, pin: bool, at: Location | None) -> str:
+def _loader_fix(run: Run, loader: LoaderInfo, suggested: Workers, pin: bool, at: Location | None) -> str:
     """The fix at `at`, and why that many workers (a TensorDataset's fix is a batch sampler, not workers)."""
-    fix = _loader_call_fix(loader, suggested.count, pin, at)
+    fix = _loader_call_fix(run, loader, suggested.count, pin, at)
     return fix if _indexes_tensors_per_sample(loader) else f"{fix}: {suggested.count} workers, {suggested.why}"
 
 
-def _loader_call_fix(loader: LoaderInfo, workers: int, pin: bool, at: Location | None) -> str:
+def _loader_call_fix(run: Run, loader: LoaderInfo, workers: int, pin: bool, at: Location | None) -> str:
     where = f" at {at}" if at else ""
     if _indexes_tensors_per_sample(loader):
         sampler = loader.sampler if loader.sampler in ("RandomSampler", "SequentialSampler") else "RandomSampler"
@@ -154,11 +156,39 @@ def _loader_call_fix(loader: LoaderInfo, workers: int, pin: bool, at: Location |
         return f"{setting}{where}: the Trainer then builds {torch_call}"
     fed = setting_at(loader.location, "num_workers")
     if fed is not None and fed.flag is not None:  # the script reads the count from its command line
-        rest = f" and{pinning.rstrip(',')} persistent_workers=True in the DataLoader" if pinning else (
-            " and persistent_workers=True in the DataLoader")
-        return (f"run with {fed.flag} {workers} (it feeds num_workers={fed.expression}{where}; the flag is declared at "
-                f"line {fed.flag_line}){rest}")
+        rest = (" and pin_memory=True, persistent_workers=True in the DataLoader" if pinning
+                else " and persistent_workers=True in the DataLoader")
+        return _flag_fix(run, loader, fed, workers, where) + rest
     return f"{torch_call}{where}"
+
+
+def _flag_fix(run: Run, loader: LoaderInfo, fed: Setting, workers: int, where: str) -> str:
+    """'run with --workers 9 (it feeds num_workers=args.workers at train.py:41; ...)', the flag's value followed
+    through what the script does to it first: ImageNet's -j is divided among the node's GPUs, so 15 workers a rank
+    is -j 30."""
+    declared = f"the flag is declared at line {fed.flag_line}"
+    followed = flag_value(fed, workers, loader.num_workers, run.manifest.target.args, _known_figures(run))
+    if followed is None and fed.rewrites:  # changed before use, in a way the run does not let us follow
+        changed = "; ".join(f"line {r.line}: {r.source}" for r in fed.rewrites)
+        return (f"set {fed.flag} so that num_workers={fed.expression}{where} becomes {workers}: the script changes "
+                f"the flag's value before that ({changed}); {declared}")
+    if followed is None or not followed.through:
+        return f"run with {fed.flag} {workers} (it feeds num_workers={fed.expression}{where}; {declared})"
+    names = ", ".join(f"{name}={value:g}" for name, value in followed.names)
+    with_names = f" with {names}" if names else ""
+    changed = "; ".join(f"line {r.line}: {r.source}" for r in followed.through)
+    return (f"run with {followed.option} {followed.value} (the script changes it before it feeds "
+            f"num_workers={fed.expression}{where} ({changed}){with_names}, so {followed.value} gives {workers}; "
+            f"{declared})")
+
+
+def _known_figures(run: Run) -> dict[str, float]:
+    """The run's figures a script's arithmetic on a flag may read: its ranks on this host, the job's ranks."""
+    process = run.manifest.child.process
+    known: dict[str, float] = {"ranks_on_host": run.host.env.ranks_on_host}
+    if process is not None and process.world_size:
+        known["world_size"] = process.world_size
+    return known
 
 
 def loader_remedy(run: Run, loader: LoaderInfo, workers: int) -> Remedy | None:
@@ -242,7 +272,7 @@ def loader_in_main_process(run: Run, min_wait_share: float = 0.15, min_starved_s
         impact=1 - fixed / wall, location=_where_set(run, loader), severity=_severity(share),
         evidence={**starved.evidence(), "num_workers": 0, "batch size": loader.batch_size, **_cores_evidence(run),
                   **_loading_evidence(loading)},
-        fix=_loader_fix(loader, workers, _uses_a_gpu(run), _where_set(run, loader)),
+        fix=_loader_fix(run, loader, workers, _uses_a_gpu(run), _where_set(run, loader)),
         remedy=loader_remedy(run, loader, workers.count),
     )
 
@@ -296,7 +326,7 @@ def loader_workers_too_few(run: Run, min_wait_share: float = 0.15, busy_worker_c
         evidence={**starved.evidence(), "num_workers": loader.num_workers,
                   "CPU per worker": (round(worker_cores, 2), "cores"), **_cores_evidence(run),
                   **_loading_evidence(loading)},
-        fix=_loader_fix(loader, suggested, _uses_a_gpu(run), _where_set(run, loader)),
+        fix=_loader_fix(run, loader, suggested, _uses_a_gpu(run), _where_set(run, loader)),
         remedy=loader_remedy(run, loader, suggested.count),
     )
 

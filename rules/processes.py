@@ -166,8 +166,9 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
 
     Why it matters: the loader workers and the launching thread get less CPU than they ask for; the
     GPU waits for them. The saving counted is the time the main thread waits for a core (Linux's
-    scheduler statistics) in proportion to the busy CPU other programs take, plus the wait for data in
-    proportion to the cores they take; with a GPU timeline, at most the GPU's idle time.
+    scheduler statistics) in proportion to the busy CPU other programs take, plus, where workers load the
+    batches, the wait for data in proportion to the cores they take; with a GPU timeline, at most the GPU's idle
+    time; without one, at most the step less the main thread's own CPU time in it.
 
     Fix: stop or move the other programs, or pin the job to its own cores (`taskset`, cgroups, a
     container CPU limit for the neighbours).
@@ -205,18 +206,28 @@ def _main_run_delay_share(run: Run) -> float | None:
 def _contention_share(run: Run, other_share: float, delay: float | None, other_of_busy: float) -> float | None:
     """The share of the step other programs cost: the loader's wait for data (or, with a GPU timeline, the GPU's
     idle time) in proportion to the cores they take, plus the time the main thread waited for a core, in
-    proportion to the busy CPU they take (the job's own processes delay it too). With a GPU timeline, at most
-    the step's budget slices that a host short of CPU can cost (waiting for data, host-side work, unexplained):
-    a delayed host costs the step nothing while the GPU has queued work."""
+    proportion to the busy CPU they take (the job's own processes delay it too). A loader in the main process
+    loads on the main thread, whose wait for a core already holds the wait for data's: then that wait alone.
+    With a GPU timeline, at most the step's budget slices that a host short of CPU can cost (waiting for data,
+    host-side work, unexplained): a delayed host costs the step nothing while the GPU has queued work. Without
+    one, at most the step less what the main thread computes in it (`run.host.main_thread_cpu_s`): the other programs
+    gone, the step still takes its own work (a starved loop on a 2-core host with two busy neighbours: 405 ms
+    steps, 57 ms of the main thread's CPU in each)."""
     host_bound = _host_bound_share(run)
     waiting = None if host_bound is None else host_bound * min(1.0, other_share)
     if delay is None:
         return waiting
+    loader = run.sites.loader.main
+    if loader is None or loader.num_workers == 0:
+        waiting = None
     budget = run.budget
     if budget is not None:
         cap = budget.share_of("cpu_contention")
+    elif run.gpu_work.idle_share is not None:
+        cap = run.gpu_work.idle_share
     else:
-        cap = run.gpu_work.idle_share if run.gpu_work.idle_share is not None else 1.0
+        own, step = run.host.main_thread_cpu_s, run.pace.seconds
+        cap = max(0.0, 1.0 - own / step) if own is not None and step else 1.0
     return min(cap, (waiting or 0.0) + delay * other_of_busy)
 
 

@@ -22,7 +22,7 @@ from gpudoctor.analysis.loader_cpu import (
     worker_cpu_per_batch_s,
 )
 from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
-from gpudoctor.analysis.settings import Setting, setting_at
+from gpudoctor.analysis.settings import FlagValue, Setting, call_of, flag_value, setting_at
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.timebase import StepTime
 from gpudoctor.analysis.trace import GpuOp
@@ -45,10 +45,10 @@ from gpudoctor.analysis.views import (
 )
 
 __all__ = [
-    "MOVED", "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats",
-    "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location",
-    "NotEvaluated",
-    "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step", "StepTime", "StepView",
-    "SyncSite", "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
-    "loader_setting", "loader_workers", "loading_time", "setting_at", "settings_location", "worker_cpu_per_batch_s",
+    "MOVED", "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "FlagValue", "ForkInfo",
+    "GilStats", "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "LoadingTime",
+    "Location", "NotEvaluated", "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step",
+    "StepTime", "StepView", "SyncSite", "ThreadInfo", "WindowInfo", "batch_setting", "call_of", "compile_setting",
+    "cores_per_rank", "flag_value", "loader_limit_s", "loader_setting", "loader_workers", "loading_time", "setting_at",
+    "settings_location", "worker_cpu_per_batch_s",
 ]

@@ -142,6 +142,15 @@ def step_budget(steps: Sequence[Step], splits: list[dict[str, float]] | None,
                   profiler_s)
 
 
+def host_budget(step_s: float, floor_s: float | None, steps: int) -> Budget:
+    """The budget of a run without GPU activity, for sharing out savings: the host's own work (`floor_s`, in
+    `gpu_busy`: the part of the step no fix of a wait removes), and the rest of the step (`host`: the waits for
+    data and for a core, computing slowed by what the findings name), which the findings share."""
+    floor = min(1.0, max(0.0, (floor_s or 0.0) / step_s))
+    shares = dict.fromkeys(SLICES, 0.0) | {"gpu_busy": floor, "host": 1.0 - floor}
+    return Budget(step_s, steps, tuple(Slice(name, shares[name] * step_s, shares[name]) for name in SLICES))
+
+
 def idle_in_syncs(splits: list[dict[str, float]]) -> float:
     """GPU idle summed over the steps split, past each step's data wait, that a synchronizing call overlaps: the
     budget's `sync` slice before the drain after the calls is added to it (`_with_drain_after_syncs`)."""

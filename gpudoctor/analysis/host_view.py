@@ -58,6 +58,22 @@ class HostView:
         return process_infos(within(self._proc_samples, (steps[0].start, steps[-1].end), margin=0.5)) or self.processes
 
     @cached_property
+    def main_thread_cpu_s(self) -> float | None:
+        """The CPU seconds the script's main thread spent per step, over the steady steps (its running totals in
+        the process samples); None without them. The least a host-bound step needs once nothing else takes its
+        cores: what it computes, not the time it waited for a core."""
+        steps = self._steps.steady_steps
+        main = next((p for p in self.steady_processes if p.role == "main"), None)
+        if not steps or main is None:
+            return None
+        thread = self.process_facts.main_native_id
+        cores = main.thread_cores.get(str(thread)) if thread is not None else None
+        if cores is None and len(main.thread_cores) == 1:
+            cores = next(iter(main.thread_cores.values()))
+        span = steps[-1].end - steps[0].start
+        return cores * span / len(steps) if cores is not None and span > 0 else None
+
+    @cached_property
     def started_processes(self) -> list[StartedProcess]:
         """The processes the script started through multiprocessing, DataLoader workers left out: gpudoctor
         profiles the script's own process, and their steps are not in its report."""

@@ -8,7 +8,7 @@ from typing import TypedDict
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.trace import TraceData
 from gpudoctor.analysis.views import GilStats, Step
-from gpudoctor.bundle.events import GilSummary, StepEvent
+from gpudoctor.bundle.events import GilSummary, Phases, StepEvent
 
 
 class _GpuFields(TypedDict, total=False):
@@ -21,6 +21,23 @@ class _GpuFields(TypedDict, total=False):
 
 
 PROFILED = ("warmup", "active")  # the window states whose steps the profiler recorded
+OVERLAP_SAID = 0.01  # phases adding up to more than this share past the step's wall time overlap
+
+
+def _optimizer_alone(phases: Phases, event: StepEvent, copy_s: float | None, sync_s: float | None) -> float:
+    """The optimizer's own seconds in a step. Bundles recorded before the optimizer's time left out a closure run
+    inside its step() (Lightning's training_step and backward, LBFGS's) counted them in both: where the phases
+    then add up to more than the step and the optimizer's time holds the forward and backward, those (or the
+    excess, where larger: syncs in the closure) are taken out of it (a Lightning run's phases once added up to
+    137%)."""
+    if phases.exclusive:
+        return phases.optimizer
+    timed = event.data_wait_s + phases.forward + phases.backward + phases.optimizer + (copy_s or 0.0) + (sync_s or 0.0)
+    excess = timed - event.wall_s
+    inside = phases.forward + phases.backward
+    if excess <= OVERLAP_SAID * event.wall_s or phases.optimizer < inside:
+        return phases.optimizer
+    return max(0.0, phases.optimizer - max(excess, inside))  # the closure's whole, and what it timed besides
 
 
 class StepBuilder:
@@ -36,13 +53,14 @@ class StepBuilder:
         if trace_range is not None:  # the trace's clock, so that GPU activity lines up exactly
             start, wall = trace_range[0], trace_range[1] - trace_range[0]
         phases = event.phases
+        copy_s = sum(c.host_s for c in event.copies) if event.copies is not None else None
+        sync_s = sum(s.host_s for s in event.syncs) if event.syncs is not None else None
         return Step(
             index=event.step, start=start, wall_s=wall, data_wait_s=event.data_wait_s, window=event.window,
             data_wait_cpu_s=event.data_wait_cpu_s,
             forward_s=phases.forward if phases else None, backward_s=phases.backward if phases else None,
-            optimizer_s=phases.optimizer if phases else None,
-            copy_s=sum(c.host_s for c in event.copies) if event.copies is not None else None,
-            sync_s=sum(s.host_s for s in event.syncs) if event.syncs is not None else None,
+            optimizer_s=_optimizer_alone(phases, event, copy_s, sync_s) if phases else None,
+            copy_s=copy_s, sync_s=sync_s,
             gil=gil_stats(event.gil), cuda_memory=event.cuda_memory, backwards=event.backwards,
             forwards=event.forwards, batches=event.batches, last_backward=event.last_backward_t,
             ends_run=event.ends_run,

@@ -101,7 +101,7 @@ def _with_wait(phases: tuple[PhaseTime, ...], wait_share: float, mean_step: floa
     old = next((p.share for p in phases if p.phase == "data_wait"), 0.0)
     if old >= 1.0:  # the steps only waited: nothing to scale
         return phases
-    scale = (1.0 - wait_share) / (1.0 - old)
+    scale = (1.0 - wait_share) / (1.0 - old)  # the others filled 1 - old at most (_phase_means): now 1 - wait
     shares = [(p.phase, wait_share if p.phase == "data_wait" else p.share * scale) for p in phases]
     return tuple(PhaseTime(phase, share * mean_step, share) for phase, share in shares)
 
@@ -137,10 +137,16 @@ def _gpu_time(group: Sequence[Step], wall: float) -> GpuTime | None:
 
 
 def _phase_means(steps: Sequence[Step], wall: float) -> tuple[PhaseTime, ...]:
-    """The mean of each phase measured in any of `steps`, with its share of `wall`."""
+    """The mean of each phase measured in any of `steps`, with its share of `wall`; phases that overlap (a sync
+    timed inside the forward pass) fitted into the wall time the data wait leaves, so that no second is shown
+    twice and the shares add up to at most the whole step."""
     seconds = [phase_seconds(s) for s in steps]
-    means = ((phase, _mean(values[phase] for values in seconds)) for phase in PHASES)
-    return tuple(PhaseTime(phase, mean, mean / wall if wall else 0.0) for phase, mean in means if mean is not None)
+    means = [(phase, mean) for phase in PHASES if (mean := _mean(values[phase] for values in seconds)) is not None]
+    timed = sum(mean for phase, mean in means if phase != "data_wait")
+    room = max(0.0, wall - next((mean for phase, mean in means if phase == "data_wait"), 0.0))
+    scale = room / timed if timed > room > 0 or (timed > 0 and room == 0) else 1.0
+    fitted = [(phase, mean if phase == "data_wait" else mean * scale) for phase, mean in means]
+    return tuple(PhaseTime(phase, mean, mean / wall if wall else 0.0) for phase, mean in fitted)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:

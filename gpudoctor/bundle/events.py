@@ -69,6 +69,9 @@ class Phases(Record, frozen=True):
     forward: Seconds = 0.0
     backward: Seconds = 0.0
     optimizer: Seconds = 0.0
+    # The optimizer's seconds leave out the forward, backward, copies and syncs timed inside its step() (a closure
+    # that computes the loss, as Lightning's and LBFGS's do); bundles before it counted them twice.
+    exclusive: bool = False
 
 
 class CopyRow(Record, frozen=True):

@@ -144,7 +144,7 @@ class _Ran(NamedTuple):
 
     run_dir: Path
     exit_status: int  # the script's own (torchrun's), a signal N as 128 + N
-    prepared: PreparedRules | None  # None: a rank of a job that `gpudoctor profile torchrun` reports on, once
+    prepared: PreparedRules | None  # None: no report here (a rank of `gpudoctor profile torchrun`, a run never started)
     unsaid: str | None = None  # how the script ended, when the report's summary was to say it first
     inner_rank: bool = False  # a rank of `torchrun ... -m gpudoctor profile`: its own report, then maybe the job's
     job: bool = False  # a job of ranks (torchrun's, or those the script started): its ranks' bundles, merged
@@ -177,7 +177,11 @@ def _run_script(ctx: typer.Context, request: ProfileRequest, selection: _RuleArg
         loaded: list[PreparedRules | BaseException] = []
         outcome = run_profile(request, meanwhile=lambda: loaded.append(_prepare_or_error(selection)))
         prepared = loaded[0]
-    ending = misplaced_options(ctx, request, outcome) or outcome.message
+    hint = misplaced_options(ctx, request, outcome)
+    if hint is not None and _never_stepped(outcome.run_dir):  # the hint is all there is to say: no report
+        _say_each(hint, outcome.note)
+        return _Ran(outcome.run_dir, outcome.exit_status, None)
+    ending = hint or outcome.message
     in_verdict = outcome.ending == "exception" and "text" in formats  # the summary's first sentence names it
     _say_each(None if in_verdict else ending, outcome.note)
     if isinstance(prepared, BaseException):
@@ -188,6 +192,19 @@ def _run_script(ctx: typer.Context, request: ProfileRequest, selection: _RuleArg
     _say_each(_stopped_ranks(outcome))
     return _Ran(outcome.run_dir, outcome.exit_status, prepared, ending if in_verdict else None,
                 inner_job.merges_itself(), job=bool(outcome.ranks))
+
+
+def _never_stepped(run_dir: Path) -> bool:
+    """Whether the script ended before its first step, as its manifest says (a manifest that cannot be read says
+    nothing: the report is made, and tells what it can)."""
+    from gpudoctor.bundle.manifest import read_manifest
+    from gpudoctor.errors import BundleError
+
+    try:
+        ended = read_manifest(run_dir).exit
+    except (BundleError, OSError):
+        return False
+    return ended is not None and ended.steps == 0
 
 
 def _reported(ran: _Ran, formats: tuple[str, ...], tries: TrySettings | None, fail_on: str | None) -> int:

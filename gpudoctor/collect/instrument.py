@@ -105,12 +105,14 @@ class Instrumentation:
         recorder, markers, local = self.recorder, self.recorder.markers, self._local
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            local.optimizer = (markers.begin("optimizer"), perf_counter())
+            local.optimizer = (markers.begin("optimizer"), perf_counter(), recorder.timed_inside())
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
-            handle, started = getattr(local, "optimizer", (None, perf_counter()))
+            handle, started, before = getattr(local, "optimizer", (None, perf_counter(), recorder.timed_inside()))
             markers.end(handle)
-            recorder.on_optimizer_step(opt, perf_counter() - started)
+            # A closure run inside step() (Lightning's, LBFGS's) is timed as forward and backward: not again here.
+            inside = max(0.0, recorder.timed_inside() - before)
+            recorder.on_optimizer_step(opt, max(0.0, perf_counter() - started - inside))
 
         self._optimizer_hooks += [optimizer.register_optimizer_step_pre_hook(pre),
                                   optimizer.register_optimizer_step_post_hook(post)]

@@ -92,7 +92,7 @@ class StepRecord:
             window=self.window, backwards=self.backwards, forwards=self.forwards,
             last_backward_t=self.last_backward_t if self.backwards > 1 else None, ends_run=ends_run,
             window_index=self.window_index if in_window else 0,
-            phases=Phases(**self.phases) if hooked else None,
+            phases=Phases(**self.phases, exclusive=True) if hooked else None,
             copies=[_copy_row(k, v) for k, v in self.copies.items()] if hooked else None,
             syncs=[_sync_row(k, v) for k, v in self.syncs.items()] if hooked else None,
             gil=_gil_summary(self.gil_delays) if hooked else None,
@@ -211,6 +211,14 @@ class Recorder:
             self.current.data_wait_s += wait_s
             self.current.data_wait_cpu_s += cpu_s
             self.current.batches += 1
+
+    def timed_inside(self) -> float:
+        """The seconds the current step has timed so far in forward, backward, copies and syncs: what an optimizer's
+        step() that runs a closure holds, and leaves out of its own time."""
+        with self._lock:
+            step = self.current
+            return (step.phases["forward"] + step.phases["backward"] + sum(t[2] for t in step.copies.values())
+                    + sum(t[1] for t in step.syncs.values()))
 
     def on_optimizer_step(self, optimizer: object, seconds: float) -> None:
         if self._first_optimizer is None or self._first_optimizer() is None:  # none yet, or the first one freed

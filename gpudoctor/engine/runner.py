@@ -16,6 +16,7 @@ import msgspec
 
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
+from gpudoctor.analysis.shares import claim_budget
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
@@ -90,7 +91,7 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     # Negligible findings are `info` before the shares are handed out, so that one does not take a share from a
     # larger finding of a lower severity; and again after, where a share cut down becomes negligible.
     merged = _negligible_as_info(_merge(found.findings))
-    findings = within_slices(one_claim_per_share(merged, claims), run.budget)
+    findings = within_slices(one_claim_per_share(merged, claims), claim_budget(run), idle=run.budget is not None)
     return EngineResult(rank(sized(findings, run.pace.seconds)), found.not_evaluated, found.errors)
 
 
@@ -142,37 +143,60 @@ def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str])
     return out
 
 
-def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[FindingRecord]:
-    """Each category's findings with impacts that add up to no more than the share of the step in the budget's
-    slices the category claims (analysis.budget.SLICES_OF_CATEGORY): no fix saves more than the idle it removes.
-    As in `one_claim_per_share`, the most severe (then the largest) keeps its impact; the others get what is left,
-    and one left nothing has no impact and a reason naming the finding that counts that idle. Rules that size a
-    cost on the host's time (a copy's blocked seconds) can overshoot the GPU idle it leaves: inference_pageable_bad's
-    two copies blocked the host for 53% and 30% of the step beside 70% of GPU idle in copies and syncs."""
+def within_slices(records: list[FindingRecord], budget: Budget | None, idle: bool = True) -> list[FindingRecord]:
+    """Findings with impacts that add up to no more than the budget's slices they claim (analysis.budget.
+    SLICES_OF_CATEGORY): every share of the step is claimed once, by one finding, whatever their categories (a host
+    short of CPU and a loader in the main process both claim the wait for data), and no fix saves more than the
+    time it removes. As in `one_claim_per_share`, the most severe (then the largest) takes its share first, from
+    the slices no finding after it claims first; the others get what is left, and one left nothing has no impact and
+    a reason naming the finding that counts that time. Rules that size a cost on the host's time (a copy's blocked
+    seconds) can overshoot the GPU idle it leaves: inference_pageable_bad's two copies blocked the host for 53% and
+    30% of the step beside 70% of GPU idle in copies and syncs. `idle`: the budget's slices are the GPU's idle (a
+    run without GPU activity has a budget of the host's time, analysis.shares.claim_budget)."""
     if budget is None:
         return records
-    left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY}
+    left = {s.name: s.share for s in budget.slices}
     holders: dict[str, FindingRecord] = {}
     kept: dict[int, FindingRecord] = {}
-    for index, record in sorted(enumerate(records), key=lambda item: _claim_order(item[1])):
-        category = record.category
-        if record.impact is None or category not in left:
+    ordered = sorted(enumerate(records), key=lambda item: _claim_order(item[1]))
+    for position, (index, record) in enumerate(ordered):
+        later = {name for _, other in ordered[position + 1:] if other.impact is not None
+                 for name in _claimed(other.category, idle)}
+        names = sorted(_claimed(record.category, idle), key=lambda name: name in later)  # theirs last
+        if record.impact is None or not names:
             continue
-        if record.impact <= left[category] + 1e-4:  # impacts are rounded to 4 places: within that, it fits
-            left[category] -= record.impact
-            holders.setdefault(category, record)
+        room = sum(left[name] for name in names)
+        taken = min(record.impact, room)
+        _take(left, names, taken)
+        for name in names:
+            holders.setdefault(name, record)
+        if record.impact <= room + 1e-4:  # impacts are rounded to 4 places: within that, it fits
             continue
-        share = round(max(0.0, left[category]), 4)  # as every impact is rounded: within 0.00005 of the slices
-        left[category] = 0.0
+        share = round(max(0.0, room), 4)  # as every impact is rounded: within 0.00005 of the slices
         if share > 0:
-            holders.setdefault(category, record)
             kept[index] = msgspec.structs.replace(record, impact=share)
             continue
-        holder = holders.get(category)
-        reason = (f"counted in {holder.code}'s finding: the same idle time" if holder is not None else
-                  "the budget has no GPU idle in the part of the step this kind of finding claims")
+        holder = next((holders[name] for name in names if holders[name] is not record), None)
+        time = "idle time" if idle else "time"
+        reason = (f"counted in {holder.code}'s finding: the same {time}" if holder is not None else
+                  "the budget has no GPU idle in the part of the step this kind of finding claims" if idle else
+                  "the step has no time left in the part this kind of finding claims")
         kept[index] = msgspec.structs.replace(record, impact=None, saving_s=None, impact_reason=reason)
     return [kept.get(index, record) for index, record in enumerate(records)]
+
+
+def _claimed(category: str, idle: bool) -> tuple[str, ...]:
+    """The slices a finding of `category` claims; of a host's budget (`idle` False), its one slice of time that
+    fixes can take (analysis.budget.host_budget), which holds all a GPU's idle would be split into."""
+    names = SLICES_OF_CATEGORY.get(category, ())
+    return names if idle or not names else ("host",)
+
+
+def _take(left: dict[str, float], names: list[str], seconds_share: float) -> None:
+    for name in names:
+        take = min(seconds_share, left[name])
+        left[name] -= take
+        seconds_share -= take
 
 
 def sized(records: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:

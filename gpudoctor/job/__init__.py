@@ -7,7 +7,7 @@
 from gpudoctor.job.figures import RankFigures
 from gpudoctor.job.layout import is_job_dir, job_bundles
 from gpudoctor.job.model import Job, RankRun
-from gpudoctor.job.straggling import JobAfterFix, Straggling, job_after_fix, straggling
+from gpudoctor.job.straggling import JobAfterFix, Straggling, Turns, job_after_fix, straggling, taking_turns
 
-__all__ = ["Job", "JobAfterFix", "RankFigures", "RankRun", "Straggling", "is_job_dir", "job_after_fix", "job_bundles",
-           "straggling"]
+__all__ = ["Job", "JobAfterFix", "RankFigures", "RankRun", "Straggling", "Turns", "is_job_dir", "job_after_fix",
+           "job_bundles", "straggling", "taking_turns"]

@@ -14,7 +14,51 @@ from dataclasses import dataclass, field, replace
 
 from gpudoctor.analysis import Run, loader_limit_s, worker_cpu_per_batch_s
 from gpudoctor.analysis.collectives import collective_s_per_step, exposed_per_step
-from gpudoctor.report.document import RankJson
+from gpudoctor.analysis.shares import gpu_idle_share
+from gpudoctor.report.document import RankJson, RankTimeJson
+
+
+@dataclass(frozen=True)
+class RankTime:
+    """A rank's step at its pace, split as its own report's budget splits it (each slice a time per step, adding
+    up to `step_s`): the GPU computing (copies with nothing beside them included), in collectives (communicating,
+    and waiting for the other ranks), idle while the host waits for data, and idle for the rest of the host's work
+    (syncs, launches, Python). Without GPU activity (gloo on CPUs), the wait for data is every step's after
+    start-up, the collectives' share is the analysed steps', and the rest is the host's work, computing included.
+    `gpu_idle_share` is what its own report says."""
+
+    step_s: float
+    computing_s: float
+    collective_s: float
+    data_wait_s: float
+    other_s: float
+    gpu_idle_share: float | None
+    waiting_s: float = 0.0  # of collective_s, beyond the least of any rank's: the wait for the others (with_waits)
+
+    @property
+    def communicating_s(self) -> float:
+        return self.collective_s - self.waiting_s
+
+    def to_json(self) -> RankTimeJson:
+        return {"step_s": self.step_s, "computing_s": self.computing_s, "communicating_s": self.communicating_s,
+                "waiting_for_ranks_s": self.waiting_s, "data_wait_s": self.data_wait_s, "other_host_s": self.other_s}
+
+
+def rank_time(run: Run, collective_by_step: Mapping[int, float]) -> RankTime | None:
+    """The rank's step split (see RankTime); None without a step time."""
+    budget, step = run.budget, run.pace.seconds
+    if budget is not None:
+        seconds = {s.name: s.seconds for s in budget.slices}
+        return RankTime(budget.step_s, seconds["gpu_busy"] + seconds["copy"], seconds["collective"],
+                        seconds["data_wait"], seconds["sync"] + seconds["host"] + seconds["unexplained"],
+                        gpu_idle_share(run))
+    if not step or not run.steps:
+        return None
+    wait = min(1.0, run.steady_wait_share or 0.0)
+    walls = {s.index: s.wall_s for s in run.steps}
+    shares = [c / walls[i] for i, c in collective_by_step.items() if walls.get(i)]
+    collective = min(1.0 - wait, statistics.median(shares)) if shares else 0.0
+    return RankTime(step, 0.0, collective * step, wait * step, (1.0 - wait - collective) * step, gpu_idle_share(run))
 
 
 @dataclass(frozen=True)
@@ -42,9 +86,10 @@ class RankFigures:
     num_workers: int | None = None  # its main DataLoader's workers (None: no DataLoader)
     worker_cpu_per_batch_s: float | None = None  # the CPU its loader's workers spend on one batch
     loader_limit_s: float | None = None  # the shortest step its loader's workers can feed (analysis.loader_cpu)
+    time: RankTime | None = None  # its step at its pace, split as its own report's budget
 
     def to_json(self) -> RankJson:
-        return {
+        row: RankJson = {
             "rank": self.rank, "median_step_s": self.median_step_s, "step_s": self.step_s,
             "data_wait_s": self.data_wait_s,
             "collective_s": self.collective_s, "collective_wait_s": self.collective_wait_s,
@@ -54,6 +99,10 @@ class RankFigures:
             "steps_analysed": self.steps_analysed, "ending": self.ending,
             "exit_status": self.exit_status, "bundle": self.bundle,
         }
+        if self.time is not None:
+            row["gpu_idle_share"] = self.time.gpu_idle_share
+            row["time"] = self.time.to_json()
+        return row
 
 
 def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
@@ -62,11 +111,12 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
     exit_info = run.manifest.exit
     collective = collective_s_per_step(run.trace, steps)
     exposed = exposed_per_step(run.trace, steps) or []
+    by_step = {s.index: c for s, c in zip(steps, collective)} if collective else {}
     return RankFigures(
         rank=rank, median_step_s=run.reference_step.seconds, step_s=run.pace.reported_s,
         data_wait_s=_median([s.data_wait_s for s in steps]),
         collective_s=_median(collective or []),
-        collective_by_step={s.index: c for s, c in zip(steps, collective)} if collective else {},
+        collective_by_step=by_step, time=rank_time(run, by_step),
         exposed_s=_median([e.seconds for e in exposed]),
         exposed_before_last_backward_s=_median([e.before_last_backward for e in exposed]),
         collective_before_last_backward_s=_median([e.all_before_last_backward for e in exposed]),
@@ -82,12 +132,23 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
 
 
 def with_waits(figures: Sequence[RankFigures]) -> list[RankFigures]:
-    """The ranks' figures with `collective_wait_s`: each one's collective time beyond the least of any rank."""
+    """The ranks' figures with `collective_wait_s`: each one's collective time beyond the least of any rank; and
+    the same of their steps at their pace (`RankTime.waiting_s`)."""
+    figures = _with_time_waits(figures)
     measured = [f.collective_s for f in figures if f.collective_s is not None]
     if len(measured) < 2:
         return list(figures)
     least = min(measured)
     return [f if f.collective_s is None else replace(f, collective_wait_s=f.collective_s - least) for f in figures]
+
+
+def _with_time_waits(figures: Sequence[RankFigures]) -> list[RankFigures]:
+    timed = [f.time.collective_s for f in figures if f.time is not None and f.time.collective_s > 0]
+    if len(timed) < 2:
+        return list(figures)
+    least = min(timed)
+    return [replace(f, time=replace(f.time, waiting_s=max(0.0, f.time.collective_s - least)))
+            if f.time is not None and f.time.collective_s > 0 else f for f in figures]
 
 
 def _median(values: Sequence[float]) -> float | None:

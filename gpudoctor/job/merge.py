@@ -120,8 +120,8 @@ def merged_findings(job: Job, result: EngineResult, rank_results: Sequence[Engin
 
 def _one_claim_with_the_job(records: list[FindingRecord], job_findings: list[FindingRecord]) -> list[FindingRecord]:
     """A slow rank's finding at the line a straggler finding points to is the same time: counted there."""
-    claimed = {(f.location.file, f.location.line): f for f in job_findings
-               if f.category == "straggler" and f.location is not None}
+    claimed = {(f.location.file, f.location.line): f for f in job_findings  # a straggler's with a cost of its own
+               if f.category == "straggler" and f.location is not None and f.impact is not None}
     out = []
     for record in records:
         loc = record.location

@@ -61,6 +61,47 @@ def straggling(job: Job, min_steps: int = 3) -> Straggling:
 
 
 @dataclass(frozen=True)
+class Turns:
+    """Ranks that wait for each other in turns: in `steps` steps every rank analysed, the last to reach the
+    collective changes (`late`: how many steps each rank was last), the others waiting `wait_s` for it (median over
+    the steps) in steps of `step_s`; in `explained` of them the last rank's data wait is longer than the others' by
+    at least half that wait (its loader delivered late), and `data_wait_s` is the ranks' median data wait."""
+
+    late: dict[int, int]
+    steps: int
+    wait_s: float
+    step_s: float
+    explained: int
+    data_wait_s: float
+
+
+def taking_turns(job: Job, min_steps: int = 3) -> Turns:
+    """How the ranks wait for each other step by step, whichever is last (see Turns)."""
+    measured = [r for r in job.ranks if r.figures.collective_by_step]
+    if len(measured) < 2:
+        raise NotEvaluated("fewer than two ranks show collectives in their traces")
+    common = sorted(set.intersection(*(set(r.figures.collective_by_step) for r in measured)))
+    if len(common) < min_steps:
+        raise NotEvaluated(f"the ranks analysed fewer than {min_steps} steps in common")
+    steps = {r.rank: {s.index: s for s in r.run.steps} for r in measured}
+    late: dict[int, int] = {}
+    waits, walls, explained = [], [], 0
+    for index in common:
+        last = min(measured, key=lambda r: r.figures.collective_by_step[index])
+        others = [r for r in measured if r is not last]
+        wait = max(0.0, min(r.figures.collective_by_step[index] for r in others)
+                   - last.figures.collective_by_step[index])
+        late[last.rank] = late.get(last.rank, 0) + 1
+        waits.append(wait)
+        walls.append(statistics.median(steps[r.rank][index].wall_s for r in others if index in steps[r.rank]))
+        extra = steps[last.rank][index].data_wait_s - statistics.median(
+            steps[r.rank][index].data_wait_s for r in others if index in steps[r.rank])
+        explained += wait > 0 and extra >= 0.5 * wait
+    data = statistics.median(steps[r.rank][i].data_wait_s for r in measured for i in common if i in steps[r.rank])
+    return Turns(late, len(common), statistics.median(waits), statistics.median(walls), explained, data)
+
+
+@dataclass(frozen=True)
 class JobAfterFix:
     """The job's step once the late rank no longer makes the others wait: `step_s`, set by `limited_by`
     ("rank 0's loader: 6 workers, 81 ms of CPU per batch", "rank 1's own work", "the others' own work")."""

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, STOPPING, write_json_atomic
 from gpudoctor.collect import follow
@@ -26,6 +27,9 @@ from gpudoctor.launch.ranks import torchrun_rank
 from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.run_dir import check_script, make_run_dir
 from gpudoctor.launch.supervisor import Supervisor, start
+
+if TYPE_CHECKING:
+    from gpudoctor.ui.status_line import Progress, ProgressLines
 
 
 @dataclass
@@ -62,7 +66,6 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     try:
         from gpudoctor.launch.command_record import script_command, write_record
         from gpudoctor.launch.samplers import Samplers
-        from gpudoctor.ui.status_line import Progress
 
         # What `gpudoctor try` may run again, recorded as this user on this host (gpudoctor.launch.command_record);
         # a torchrun rank's is its job's, recorded with torchrun's command
@@ -77,7 +80,7 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
         child.wait()
         raise
     samplers.start(child.pid)
-    progress = Progress.start(run_dir / EVENTS, request.window, request.max_steps) if request.progress else None
+    progress = _progress(run_dir, request) if request.progress else None
     followed_ranks = (list) if job_dir != run_dir else (lambda: followed.followed_pids(run_dir))
     supervisor = Supervisor(child, request.timeout_s, followed_ranks, exiting=(run_dir / EXITING).is_file,
                             exit_grace_s=request.exit_grace_s, on_timeout=lambda: _mark(run_dir / STOPPING))
@@ -98,6 +101,16 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     note = finish_manifest(run_dir, final)
     ranks = followed.finish_job(run_dir, final, samplers) if job_dir == run_dir else []
     return ProfileOutcome(run_dir, status, ending, message, note, ranks, stopped)
+
+
+def _progress(run_dir: Path, request: ProfileRequest) -> Progress | ProgressLines | None:
+    """The status line on a terminal; elsewhere progress lines, from one rank of a torchrun job only."""
+    from gpudoctor.ui.status_line import Progress, ProgressLines
+
+    drawn = Progress.start(run_dir / EVENTS, request.window, request.max_steps)
+    if drawn is not None or torchrun_rank() not in (None, 0):
+        return drawn
+    return ProgressLines.start(run_dir / EVENTS, request.window, request.max_steps)
 
 
 def _mark(path: Path) -> None:

@@ -19,6 +19,7 @@ from gpudoctor.report.document import (
     KernelBinRow,
     KernelChart,
     PanelJson,
+    RankTimeJson,
     SeriesRow,
     SpanJson,
     StepBarRow,
@@ -27,7 +28,7 @@ from gpudoctor.report.document import (
     TopKernel,
 )
 
-__all__ = ["PHASE_LABELS", "kernel_chart", "step_chart", "timeline_chart"]
+__all__ = ["PHASE_LABELS", "kernel_chart", "ranks_chart", "step_chart", "timeline_chart"]
 
 PHASE_LABELS = {
     "data_wait": "data wait", "copy": "host↔device copy", "forward": "forward", "backward": "backward",
@@ -67,6 +68,38 @@ def step_chart(steps: list[Step]) -> StepChart | None:
     }
 
 
+# -- a job's ranks, side by side ------------------------------------------------------------------
+RANK_SEGMENTS = (("compute", "computing (GPU)"), ("communicate", "communicating"),
+                 ("rank_wait", "waiting for other ranks"), ("data_wait", "waiting for data"),
+                 ("other", "other host work"))
+
+
+def _rank_segments(time: RankTimeJson) -> dict[str, float]:
+    return {"compute": time["computing_s"], "communicate": time["communicating_s"],
+            "rank_wait": time["waiting_for_ranks_s"], "data_wait": time["data_wait_s"], "other": time["other_host_s"]}
+
+
+def ranks_chart(times: list[tuple[int, RankTimeJson]]) -> StepChart | None:
+    """One bar per rank: its step at its pace, split as its own report's budget (gpudoctor.job.figures.RankTime),
+    every bar on one time scale, so that the rank that computes or waits for data stands beside the ones that wait
+    for it. Without GPU activity on any rank, the host's work holds the computing."""
+    if not times:
+        return None
+    on_gpu = any(time["computing_s"] > 0 for _, time in times)
+    labels = dict(RANK_SEGMENTS)
+    if not on_gpu:
+        labels["other"] = "host work (computing included)"
+    rows: list[StepBarRow] = []
+    for rank, time in times:
+        step, seconds = time["step_s"], _rank_segments(time)
+        host: list[HostSegment] = [{"key": key, "label": labels[key], "s": seconds[key], "share": seconds[key] / step}
+                                   for key, _ in RANK_SEGMENTS if seconds[key] > 0 and step > 0]
+        rows.append({"label": f"rank {rank}", "first": rank, "last": rank, "wall_s": step, "host": host, "gpu": None})
+    shown = [key for key, _ in RANK_SEGMENTS if any(seg["key"] == key for row in rows for seg in row["host"])]
+    return {"rows": rows, "steps_per_row": 1, "max_s": max(row["wall_s"] for row in rows),
+            "legend": [{"key": key, "label": labels[key]} for key in shown], "has_gpu": False}
+
+
 # -- the timeline ----------------------------------------------------------------------------------
 def _span(span: Span) -> SpanJson:
     return {"start": span.start, "end": span.end}
@@ -82,8 +115,27 @@ def _series_row(series: Series) -> SeriesRow:
 
 def _panel(panel: Panel) -> PanelJson:
     title, unit, kind = PANEL_TEXT[panel.key]
-    return {"key": panel.key, "title": title, "unit": unit, "kind": kind, "max": panel.max,
-            "series": [_series_row(s) for s in panel.series]}
+    row: PanelJson = {"key": panel.key, "title": title, "unit": unit, "kind": kind, "max": panel.max,
+                      "series": [_series_row(s) for s in panel.series]}
+    clip = _clip(panel) if kind == "bars" else None
+    if clip is not None:
+        row["clip"] = clip
+    return row
+
+
+# A bar chart's scale is cut where its largest values lie this far above the rest (the 90th percentile of the
+# buckets with a value): a loader's first batch, its workers starting, waited 2.8 s beside 0.07 ms a step after.
+CLIP_FACTOR = 4.0
+CLIP_QUANTILE = 0.9
+
+
+def _clip(panel: Panel) -> float | None:
+    """The top of the scale that keeps the usual values readable, where a few are CLIP_FACTOR times above them."""
+    values = sorted(v for s in panel.series if s.key not in HOVER_ONLY_SERIES for v in s.values if v)
+    if len(values) < 5:
+        return None
+    usual = values[int(CLIP_QUANTILE * (len(values) - 1))]
+    return usual * 1.5 if usual > 0 and values[-1] > CLIP_FACTOR * usual else None
 
 
 def timeline_chart(run: Run) -> TimelineChart | None:

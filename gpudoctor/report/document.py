@@ -14,21 +14,25 @@ from gpudoctor.engine.windows import WindowStats
 
 __all__ = [
     "BreakdownJson", "Card", "Charts", "ExceptionFacts", "FindingsDocument", "GpuBar", "HostSegment", "KernelBinRow",
-    "KernelChart", "LegendItem", "Links", "NotMeasuredRow", "PanelJson", "PhaseRow", "Report", "RunFacts",
-    "SeriesRow", "SourceLine", "SourceSnippet", "SpanJson", "Status", "StepBarRow", "StepChart", "StepRow",
+    "KernelChart", "LegendItem", "Links", "NotMeasuredRow", "PanelJson", "PhaseRow", "RankTimeJson", "Report",
+    "RunFacts", "SeriesRow", "SourceLine", "SourceSnippet", "SpanJson", "Status", "StepBarRow", "StepChart", "StepRow",
     "Summary", "TimelineChart", "TopKernel", "WindowRow", "WindowSettingsJson",
 ]
 
-Status = Literal["no_steps", "problems", "partial", "healthy"]
+Status = Literal["no_steps", "problems", "unexplained", "partial", "healthy"]
 
 
 # -- the verdict and the facts at the top ------------------------------------------------------------
-class Summary(TypedDict):
+class _SummaryFields(TypedDict):
     verdict: str
     gpu_idle_share: float | None
     healthy: bool
     problems: int
     status: Status
+
+
+class Summary(_SummaryFields, total=False):
+    waits_for: int  # a rank of a job that waits for another in every collective: that rank
 
 
 class ExceptionFacts(TypedDict):
@@ -109,9 +113,20 @@ class BudgetJson(TypedDict):
     profiler_s: float  # the profiler's own cost in each profiled step, left out of the slices
 
 
-class RankJson(TypedDict):
-    """One rank of a torchrun job, in the merged findings.json (figures per step are medians of its analysed
-    steps; see gpudoctor.job.figures)."""
+class RankTimeJson(TypedDict):
+    """A rank's step at its pace, split as its own report's budget (gpudoctor.job.figures.RankTime)."""
+
+    step_s: float
+    computing_s: float
+    communicating_s: float
+    waiting_for_ranks_s: float
+    data_wait_s: float
+    other_host_s: float
+
+
+class _RankFields(TypedDict):
+    """One rank of a job, in the merged findings.json (the figures per step but `step_s` are medians of its
+    analysed steps, the profiled ones; see gpudoctor.job.figures)."""
 
     rank: int
     median_step_s: float | None
@@ -130,10 +145,17 @@ class RankJson(TypedDict):
     bundle: str
 
 
+class RankJson(_RankFields, total=False):
+    gpu_idle_share: float | None  # what its own report's summary says
+    time: RankTimeJson  # its step at its pace, split as its own report's budget
+
+
 class RunFacts(_RunFields, total=False):
     world_size: int  # only in a torchrun job's merged findings.json
     ranks: list[RankJson]
     shown_rank: int  # a job's merged report: the rank whose budget, charts and trace it shows
+    launcher: str  # a job's merged report: what launched its ranks (torchrun, Lightning, mp.spawn, accelerate)
+    gpu_idle_rank: int  # a job's merged report: the rank whose GPU idle share the summary gives (the idlest)
 
 
 class NotMeasuredRow(TypedDict):
@@ -223,13 +245,19 @@ class SeriesRow(_SeriesFields, total=False):
     hover_only: bool  # shown in a bucket's tooltip, not drawn; the key is there only when true
 
 
-class PanelJson(TypedDict):
+class _PanelFields(TypedDict):
     key: str
     title: str
     unit: str
     kind: Literal["line", "bars"]
     max: float
     series: list[SeriesRow]
+
+
+class PanelJson(_PanelFields, total=False):
+    # The top of the panel's scale where a few values far above the rest (a loader's first batch, its workers
+    # starting) would flatten them: those are drawn cut at it, their values written above. Absent: `max`.
+    clip: float
 
 
 class TimelineChart(TypedDict):
@@ -271,10 +299,14 @@ class KernelChart(TypedDict):
     launch_bound: bool
 
 
-class Charts(TypedDict):
+class _ChartFields(TypedDict):
     steps: StepChart | None
     timeline: TimelineChart | None
     kernels: KernelChart | None
+
+
+class Charts(_ChartFields, total=False):
+    ranks: StepChart | None  # a job's merged report: a bar per rank (gpudoctor.report.charts.ranks_chart)
 
 
 # -- finding cards, links, windows ---------------------------------------------------------------------

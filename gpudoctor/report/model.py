@@ -20,11 +20,14 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from gpudoctor._version import __version__
 from gpudoctor.analysis import Run
+from gpudoctor.analysis.budget import IDLE_SLICES, SLICE_LABELS, SLICES_OF_CATEGORY
+from gpudoctor.analysis.shares import gpu_idle_share
 from gpudoctor.analysis.summary import PhaseTime, breakdown
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Location, StartedProcess, Step
@@ -100,6 +103,9 @@ def _not_measured(run: Run) -> list[NotMeasuredRow]:
                                                        "report comes from the run's events and samples"})
     rows += [{"what": f"the work of {_started_text(group, run)}", "reason": _unprofiled_reason(group)}
              for group in _unprofiled_groups(run)]
+    short = too_short(run)
+    if short is not None:
+        rows.append({"what": "the step without the profiler", "reason": short})
     return rows
 
 
@@ -135,13 +141,86 @@ def _problems(findings: list[FindingRecord]) -> list[FindingRecord]:
     return [f for f in findings if f.severity != "info"]
 
 
-def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list[NotMeasuredRow]) -> Status:
-    """no_steps | problems | partial (nothing found, but something was not measured) | healthy."""
+def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list[NotMeasuredRow],
+            unexplained: Unexplained | None = None) -> Status:
+    """no_steps | problems | unexplained (nothing found, but the GPU idles much of the step with no finding to
+    say why) | partial (nothing found, but something was not measured) | healthy."""
     if not steps:
         return "no_steps"
     if _problems(findings):
         return "problems"
+    if unexplained is not None:
+        return "unexplained"
     return "partial" if not_measured else "healthy"
+
+
+# A GPU that idles this share of the step or more, with no finding claiming the time, is not healthy: the
+# verdict says so and names the largest slice no finding claims. Below it lie the healthy recordings (at most 19%:
+# healthy_vision's host-side launches); pytorch/examples' dcgan idled 80% of its step with no finding.
+UNEXPLAINED_IDLE = 0.25
+
+
+@dataclass(frozen=True)
+class Unexplained:
+    """The GPU's idle that no finding claims: `share` of the step in all, the largest slice of it (`label`,
+    `slice_share`) and the line of the script that slice is most at, where one is known."""
+
+    share: float
+    label: str
+    slice_share: float
+    where: Location | None
+
+
+def unexplained_idle(run: Run, findings: list[FindingRecord]) -> Unexplained | None:
+    """The budget's idle slices that no finding with a cost claims, when they hold UNEXPLAINED_IDLE of the step."""
+    budget = run.budget
+    if budget is None:
+        return None
+    claimed = {name for f in findings if f.impact for name in SLICES_OF_CATEGORY.get(f.category, ())}
+    idle = [s for s in budget.slices if s.name in IDLE_SLICES and s.name not in claimed and s.share > 0]
+    share = sum(s.share for s in idle)
+    if share < UNEXPLAINED_IDLE:
+        return None
+    largest = max(idle, key=lambda s: s.share)
+    return Unexplained(share, SLICE_LABELS[largest.name], largest.share, _slice_line(run, largest.name))
+
+
+def _slice_line(run: Run, name: str) -> Location | None:
+    """The script's line a slice of the budget is most at: the loader's, the longest sync's, the main thread's."""
+    if name == "data_wait":
+        loader = run.sites.loader.main
+        return loader.location if loader is not None else None
+    if name == "sync" and run.sites.syncs:
+        return max(run.sites.syncs, key=lambda site: site.host_s).location
+    lines = run.sites.host_lines
+    return lines[0][0] if lines else None
+
+
+def _unexplained_text(unexplained: Unexplained, of_step: str, cwd: str | None) -> str:
+    """'GPU idle 80% of each 28.8 ms step, unexplained: no finding says why; the largest part, GPU idle: host-side
+    work (Python, launches), is 50% of the step, most at dcgan.py:231 (main).'"""
+    where = unexplained.where
+    at = (f", most at {_shown_file(where.file, cwd)}:{where.line} ({where.function})" if where is not None else "")
+    label = unexplained.label.removeprefix("GPU idle: ")
+    return (f"GPU idle {unexplained.share:.0%}{of_step}, unexplained: no finding says why; the largest part, "
+            f"{label}, is {unexplained.slice_share:.0%} of the step{at}.")
+
+
+# A run whose step is timed on few steps after the window, which the profiler slowed (or sped) this much, is too
+# short to judge: pytorch/examples' dcgan, 14 steps after a window that ran 2.85x as long.
+SHORT_RUN_STEPS = 20
+HEAVY_DISTORTION = 2.0
+
+
+def too_short(run: Run) -> str | None:
+    """Why the run is too short to judge its step by, or None."""
+    pace, ratio = run.pace, run.distortion.ratio
+    if pace.basis != "unprofiled" or pace.steps >= SHORT_RUN_STEPS or ratio is None:
+        return None
+    if 1 / HEAVY_DISTORTION < ratio < HEAVY_DISTORTION:
+        return None
+    return (f"only {pace.steps} steps ran after the profiling window, whose steps the profiler made run "
+            f"{ratio:.2f}× as long: too few to judge the step by; profile a longer run")
 
 
 # The most the verdict says the fixes save together: findings share the step's budget, one slice each, but an
@@ -150,7 +229,8 @@ MAX_TOTAL_SAVING = 0.95
 
 
 def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
-             elsewhere: str | None = None, step_s: float | None = None) -> str:
+             elsewhere: str | None = None, step_s: float | None = None, unexplained: Unexplained | None = None,
+             cwd: str | None = None) -> str:
     """What the user gains, in the run's one step figure (`step_s`, the step at the run's pace): '2 problems; fixing
     them saves ~70% of each 10.2 ms step, down to ~3.1 ms.' A GPU's idle share is said only when no saving is:
     beside one, a reader takes it for the cost. `elsewhere` names the processes the script started to do its
@@ -163,11 +243,17 @@ def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step
     problems = _problems(findings)
     of_step = f" of each {seconds(step_s)} step" if step_s else " of each step"
     idle_text = f"GPU idle {idle:.0%}{of_step}" if idle is not None else "GPU activity not measured"
+    if not problems and unexplained is not None:
+        return _unexplained_text(unexplained, of_step, cwd)
     if not problems:
         measured = "" if status == "healthy" else " in what was measured"
         return f"{idle_text}; no problems found{measured}."
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
     total = min(MAX_TOTAL_SAVING, sum(f.impact or 0.0 for f in problems))
+    if total <= 0 and idle is None:  # nothing measured of a GPU to say first (a CPU run): what was found
+        their = "its" if len(problems) == 1 else "their"
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        return f"{count}; {their} cost{of_step} is not estimated: {problems[0].title.rstrip('.')}{more}."
     if total <= 0:
         return f"{idle_text}; {count}."
     after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
@@ -269,15 +355,6 @@ def _run_facts(run: Run) -> RunFacts:
     }
 
 
-def _idle_share(run: Run) -> float | None:
-    """The share of the step the GPU idles: the budget's idle slices (its data wait is every step's, as the
-    savings are), else the analysed steps' idle time."""
-    budget = run.budget
-    if budget is None:
-        return run.gpu_work.idle_share
-    return budget.idle_share
-
-
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
                  windows: list[WindowStats] | None = None) -> Report:
     """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
@@ -286,11 +363,12 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     `run` is then the window the charts show.
     """
     steps = run.steps
-    idle = _idle_share(run)
+    idle = gpu_idle_share(run)
     created = created_at(run)
     problems = _problems(result.findings)
     not_measured = _not_measured(run)
-    status = _status(result.findings, steps, not_measured)
+    unexplained = unexplained_idle(run, result.findings)
+    status = _status(result.findings, steps, not_measured, unexplained)
     findings = [f.to_json() for f in result.findings]  # the report, as findings.json, holds them as JSON
     launch_bound = any(f.category == "small_batch" for f in problems)  # the kernel chart shows why
     facts = _run_facts(run)
@@ -301,10 +379,12 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "run": facts,
         "summary": {
             "verdict": with_tried_lead(_with_raised(run, _verdict(idle, result.findings, steps, status,
-                                                                  _elsewhere(run), facts["step_s"])),
+                                                                  _elsewhere(run), facts["step_s"], unexplained,
+                                                                  run.manifest.cwd)),
                                        facts["step_s"], findings),
             "gpu_idle_share": idle,
-            "healthy": not problems, "problems": len(problems), "status": status,
+            "healthy": not problems and unexplained is None,
+            "problems": len(problems), "status": status,
         },
         "not_measured": not_measured,
         # The phases are timed in the window's detail steps; the data wait is every step's.

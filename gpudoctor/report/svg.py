@@ -18,6 +18,7 @@ from gpudoctor.report.document import KernelChart, PanelJson, StepChart, Timelin
 from gpudoctor.report.units import number, percent, seconds
 
 WIDTH = 900  # the viewBox width; the SVG scales to the page
+LABEL_CHAR_W = 6.4  # the width of a character of an axis label, in the viewBox's units (the CSS's tick font)
 
 
 def _cls(names: str) -> str:
@@ -31,6 +32,8 @@ def _tick(value: float, unit: str) -> str:
         if value == 0:
             return "0"
         return f"{value:g} s" if value >= 1 else (f"{value * 1e3:g} ms" if value >= 1e-3 else f"{value * 1e6:g} µs")
+    if unit == "ms":  # a wait in ms reads as time: 2 s, not 2,000 ms
+        return _tick(value / 1e3, "s")
     return number(value, unit)
 
 
@@ -131,7 +134,7 @@ def _polylines(xs: Sequence[float], values: Sequence[float | None], y_of: Callab
 
 def _panel(panel: PanelJson, xs: list[float], bucket_w: float, y0: float, h: float, left: float) -> list[str]:
     unit = panel["unit"]
-    ticks = nice_ticks(panel["max"] or 1.0, 2)
+    ticks = nice_ticks(panel.get("clip") or panel["max"] or 1.0, 2)
     top = ticks[-1]
 
     def y_of(v: float) -> float:
@@ -156,6 +159,9 @@ def _panel(panel: PanelJson, xs: list[float], bucket_w: float, y0: float, h: flo
                 if v:
                     bar_w = max(bucket_w * 0.8, 1.0)
                     body.append(_rect(x - bucket_w / 2, y_of(v), bar_w, y0 + h - y_of(v), f"tl-{series['key']}"))
+                    if v > top:  # cut at the top of the scale: its value written beside it
+                        value = seconds(v / 1e3) if unit == "ms" else number(v, unit)
+                        body.append(_text(x - bucket_w / 2 + bar_w + 3, y0 + 9, f"↑ {value}", "clipped"))
         else:
             body.extend(_polylines(xs, series["values"], y_of, f"tl-{series['key']} line", series["label"]))
     return body
@@ -227,6 +233,10 @@ def kernel_histogram(chart: KernelChart | None) -> Markup:
 
     group = (WIDTH - left - 12) / len(bins)
     bar = min(group * 0.36, 34.0)
+    # Labels wider than their group (many bins, "500 µs–1 ms") alternate between two rows, so that none overlap.
+    staggered = max(len(b["label"]) for b in bins) * LABEL_CHAR_W > group - 4
+    if staggered:
+        height += 14
     body = [
         _rect(WIDTH - 330, 8, 12, 10, "k-count"), _text(WIDTH - 314, 17, "share of kernels", "legend"),
         _rect(WIDTH - 180, 8, 12, 10, "k-time"), _text(WIDTH - 164, 17, "share of GPU kernel time", "legend"),
@@ -242,5 +252,6 @@ def kernel_histogram(chart: KernelChart | None) -> Markup:
         body.append(_rect(cx - bar, y_of(b["count_share"]), bar, top + plot_h - y_of(b["count_share"]), "k-count",
                           what))
         body.append(_rect(cx, y_of(b["time_share"]), bar, top + plot_h - y_of(b["time_share"]), "k-time", what))
-        body.append(_text(cx, height - bottom + 16, b["label"], "tick", "middle"))
+        below = 14 if staggered and i % 2 else 0
+        body.append(_text(cx, top + plot_h + 16 + below, b["label"], "tick", "middle"))
     return _svg(height, "kernel duration histogram", body, "kernels-chart")

@@ -54,14 +54,16 @@ class BundleBuilder:
     """Writes a valid run bundle into `path` (created if needed); `build()` returns the `Run`.
 
     `window` is the profiling window (wait, warmup, active) in steps; active=None means "every step
-    after wait and warmup". `script` names the profiled script (call sites default to lines in it).
+    after wait and warmup". `script` names the profiled script (call sites default to lines in it), `args` its
+    command-line arguments.
     """
 
     def __init__(self, path: Path | str, *, script: str = "train.py",
                  window: tuple[int, int, int | None] = (0, 0, None), start: float = DEFAULT_START,
-                 pid: int = DEFAULT_PID) -> None:
+                 pid: int = DEFAULT_PID, args: Sequence[str] = ()) -> None:
         self.path = Path(path)
         self.script = script
+        self.args = tuple(args)
         self.wait, self.warmup, self.active = window
         self.start = start
         self.pid = pid
@@ -316,7 +318,7 @@ class BundleBuilder:
         return events(self._current())
 
     def _settings(self) -> Settings:
-        return Settings(self.path, self.script, self.wait, self.warmup, self.active, self.start, self.pid)
+        return Settings(self.path, self.script, self.wait, self.warmup, self.active, self.start, self.pid, self.args)
 
     def _current(self) -> BundleSpec:
         """What the builder was told, with its attributes as they are now."""

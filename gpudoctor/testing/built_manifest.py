@@ -29,7 +29,8 @@ def manifest(spec: BundleSpec, files: list[str]) -> Manifest:
     e, gpus = spec.env, _gpus(spec)
     return Manifest(
         schema_version=SCHEMA_VERSION, gpudoctor_version=__version__, created=CREATED, status="finished",
-        target=Target(script=spec.settings.script, module=None, args=[]), cwd="/work", python=e.python,
+        target=Target(script=spec.settings.script, module=None, args=list(spec.settings.args)), cwd="/work",
+        python=e.python,
         host=HostInfo(hostname="builder", platform="Linux-x86_64", cpu_count=spec.cpu_count, affinity=spec.affinity,
                       memory_total=e.memory_total),
         gpus=gpus, driver=e.driver if e.driver is not None else (DRIVER if gpus else None),

@@ -51,6 +51,7 @@ class Settings:
     active: int | None  # None: every step after wait and warmup
     start: float
     pid: int
+    args: tuple[str, ...] = ()  # the script's command-line arguments
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ rows above the bottom one become the scrolling region (as apt does while it inst
 there, and the status line is drawn below it (save cursor, go to the bottom row, clear the line, write, restore).
 At the end the line is cleared and the whole screen given back.
 
-It only appears when stderr is a terminal (and TERM is not "dumb"); piped or redirected, nothing is written.
+It only appears when stderr is a terminal (and TERM is not "dumb"). Piped or redirected (a log file, a CI job's
+output, a dumb terminal), the same progress goes out as plain lines instead (`ProgressLines`): one every few seconds
+while it changes, and at least one a minute while it does not, each a whole line written at once, starting with
+"[gpudoctor]" so that it is told apart from the script's output and from gpudoctor's own messages ("gpudoctor: ...").
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from gpudoctor.collect.config import WindowConfig
 from gpudoctor.ui.terminal import is_terminal
 
 INTERVAL_S = 0.5
+LINE_EVERY_S = 5.0  # where stderr is no terminal: a progress line at most this often, while the progress changes
+LINE_QUIET_S = 60.0  # and at least this often while it does not: a log shows the run is alive
+LINE_PREFIX = "[gpudoctor]"  # not "gpudoctor:", which starts gpudoctor's messages
 ESC = "\x1b"
 SAVE, RESTORE = f"{ESC}7", f"{ESC}8"  # DEC save/restore cursor
 CLEAR_LINE = f"{ESC}[2K"
@@ -74,11 +80,20 @@ class Status:
             return f"profiling step {min(done, w.active)} of {w.active}"
         return "profiled window recorded" if self.state == "closed" else self.state
 
-    def text(self) -> str:
-        elapsed = time.monotonic() - self.started
+    def said(self) -> str:
+        """'step 12 of 40 · profiling step 3 of 10': the steps (of --max-steps' total) and the window's phase."""
         steps = f"step {self.steps}" + (f" of {self.max_steps}" if self.max_steps else "")
-        first = "waiting for the first step" if self.steps == 0 else f"{steps} · {self._window_text()}"
-        return f"gpudoctor ▸ {elapsed:4.0f} s · {first}"
+        return "waiting for the first step" if self.steps == 0 else f"{steps} · {self._window_text()}"
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def text(self) -> str:
+        return f"gpudoctor ▸ {self.elapsed_s():4.0f} s · {self.said()}"
+
+    def line(self) -> str:
+        """The progress as a line of a log: '[gpudoctor] 12 s · step 12 of 40 · profiling step 3 of 10'."""
+        return f"{LINE_PREFIX} {self.elapsed_s():.0f} s · {self.said()}"
 
 
 class Progress:
@@ -154,3 +169,53 @@ class Progress:
                 self._draw()
         finally:
             self._release_bottom_row()
+
+
+class ProgressLines:
+    """Where stderr is no terminal: the progress as a line every `every_s` while it changes, and every `quiet_s`
+    while it does not; start it with `ProgressLines.start(...)`, end it with `stop()`."""
+
+    def __init__(self, events: Path, window: WindowConfig, max_steps: int | None, fd: int,
+                 every_s: float = LINE_EVERY_S, quiet_s: float = LINE_QUIET_S) -> None:
+        self.fd = fd
+        self.every_s = every_s
+        self.quiet_s = quiet_s
+        self.tail = JsonlTail(events, EVENT_DECODER)
+        self.status = Status(window, max_steps)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gpudoctor-progress-lines", daemon=True)
+
+    @classmethod
+    def start(cls, events: Path, window: WindowConfig, max_steps: int | None = None,
+              stream: IO[str] | None = None, every_s: float = LINE_EVERY_S,
+              quiet_s: float = LINE_QUIET_S) -> ProgressLines | None:
+        """Progress lines on `stream` (stderr), or None where it is a terminal (the status line is drawn there) or
+        has no file descriptor."""
+        stream = sys.stderr if stream is None else stream
+        if is_terminal(stream):
+            return None
+        try:
+            fd = stream.fileno()
+        except (AttributeError, ValueError, OSError):
+            return None
+        lines = cls(events, window, max_steps, fd, every_s, quiet_s)
+        lines._thread.start()
+        return lines
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        said: str | None = None  # the first line comes after `every_s`, whatever it says
+        at = time.monotonic()
+        while not self._stop.wait(self.every_s):
+            self.status.update(self.tail.read())
+            now = self.status.said()
+            if now == said and time.monotonic() - at < self.quiet_s:
+                continue
+            said, at = now, time.monotonic()
+            try:  # one write of a whole line: the script's output cannot cut into it
+                os.write(self.fd, (self.status.line() + "\n").encode("utf-8", "replace"))
+            except OSError:
+                return

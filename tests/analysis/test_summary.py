@@ -34,6 +34,28 @@ def _no_steps(path: Path) -> Run:
 
 
 # -- the breakdown ---------------------------------------------------------------------------------
+def test_an_optimizer_step_that_runs_the_closure_is_counted_once(tmp_path: Path) -> None:
+    """Lightning's optimizer.step(closure) runs training_step and backward inside it: a bundle that timed them in
+    both phases has its optimizer's own time taken out, and the phases add up to the step, not past it."""
+    b = BundleBuilder(tmp_path)
+    b.steps(6, wall_s=0.1, data_wait_s=0.01, forward_s=0.02, backward_s=0.03, optimizer_s=0.07, gpu_busy_s=0.05)
+    run = b.build()
+    assert [s.optimizer_s for s in run.steps] == pytest.approx([0.02] * 6)  # 70 ms less the closure's 50 ms
+    shares = {p.phase: p.share for p in breakdown(run.steps).phases}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["optimizer"] == pytest.approx(0.2) and shares["other"] == pytest.approx(0.2)
+
+
+def test_phases_that_overlap_otherwise_are_fitted_into_the_step(tmp_path: Path) -> None:
+    """A sync timed inside the forward pass: never a share of the step shown twice."""
+    b = BundleBuilder(tmp_path)
+    b.steps(6, wall_s=0.1, data_wait_s=0.04, forward_s=0.05, backward_s=0.02, optimizer_s=0.005, gpu_busy_s=0.05,
+            syncs=[{"kind": "item", "count": 1, "host_s": 0.03, "site": {"file": "train.py", "line": 9,
+                                                                           "function": "forward"}}])
+    shares = {p.phase: p.share for p in breakdown(b.build().steps).phases}
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["data_wait"] == pytest.approx(0.4)
+
+
 def test_the_breakdowns_phases_add_up_to_the_mean_step(tmp_path: Path) -> None:
     run = _training(tmp_path).build()
     result = breakdown(run.steps)

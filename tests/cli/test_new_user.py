@@ -57,6 +57,10 @@ def test_options_after_the_script_are_named_with_the_command_that_works(gd: Gpud
     assert result.first_message == (
         "gpudoctor: train.py exited with status 2; --max-steps and --out are gpudoctor options, which go before the "
         "script: gpudoctor profile --max-steps 12 --out run train.py")
+    # The run never reached a step: the hint is all gpudoctor says, and it writes no report.
+    assert result.messages == [result.first_message], result
+    assert "report:" not in result.stderr and "No training step" not in result.stderr, result
+    assert not [*gd.cwd.glob("gpudoctor-runs/*/report.html"), *gd.cwd.glob("gpudoctor-runs/*/findings.json")]
     fixed = gd.run(*_suggested(result))
     assert fixed.returncode == 0, fixed
     assert "train: parsed []" in fixed.stdout

@@ -54,3 +54,32 @@ def test_a_failing_measurement_leaves_the_call_alone(hooked: Recorder, monkeypat
     monkeypatch.setattr(hooked, "add_sync", broken)
     assert torch.ones(4).to("meta").shape == (4,)
     torch.cuda.synchronize()
+
+
+def test_an_optimizer_step_leaves_out_what_its_closure_timed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """optimizer.step(closure) (Lightning's, LBFGS's) runs the forward and backward inside it: they are timed as
+    theirs, and the optimizer's own time leaves them out."""
+    import time
+
+    recorder = Recorder(ChildConfig(run_dir=str(tmp_path)))
+    instrumentation = Instrumentation(recorder)
+    instrumentation._hook_optimizers()
+    timed: list[float] = []
+    monkeypatch.setattr(recorder, "on_optimizer_step", lambda optimizer, seconds: timed.append(seconds))
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+
+    def closure() -> torch.Tensor:
+        started = time.perf_counter()
+        time.sleep(0.05)  # the forward and backward, as their hooks time them
+        recorder.add_phase("forward", time.perf_counter() - started)
+        loss = (weight * 2).sum()
+        loss.backward()
+        return loss
+
+    try:
+        optimizer.step(closure)
+    finally:
+        for handle in instrumentation._optimizer_hooks:
+            handle.remove()
+    assert len(timed) == 1 and timed[0] < 0.03, timed

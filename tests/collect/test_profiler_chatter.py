@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import WINDOW, Gpudoctor, env_with
+from gpudoctor.ui.status_line import LINE_PREFIX
 
 # Prints to stdout and stderr at every step, from the main thread and from a thread that writes all along,
 # so that some of its lines are written while gpudoctor is inside a profiler call.
@@ -62,7 +63,8 @@ def numpy_missing(tmp_path: Path) -> dict[str, str]:
 
 
 def _script_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if not line.startswith(("gpudoctor:", "  "))]
+    """The script's lines: not gpudoctor's messages, nor its progress lines (stderr is a pipe here)."""
+    return [line for line in stderr.splitlines() if not line.startswith(("gpudoctor:", "  ", LINE_PREFIX))]
 
 
 def test_the_scripts_output_passes_through_and_kinetos_goes_to_the_log(gd: Gpudoctor) -> None:

@@ -164,3 +164,24 @@ def test_diff_compares_two_jobs(straggler_job: tuple[Gpudoctor, dict], gd: Gpudo
     assert result.returncode == 0, result
     assert "resolved: none" in result.stdout and "new: none" in result.stdout
     assert "GD601 Rank 1 holds back the others" in result.stdout.split("remaining")[1]
+
+
+@pytest.mark.e2e
+def test_the_jobs_page_and_its_ranks_pages_agree_on_the_cpu(straggler_job: tuple[Gpudoctor, dict]) -> None:
+    """gloo on the CPU: each rank's step at its pace split as its own page's (its wait for data that of every step,
+    the rest the host's work, computing included), no GPU idle spoken of, torchrun named as the launcher, and the
+    waiting rank's page in words of its own."""
+    gd, merged = straggler_job
+    assert merged["run"]["launcher"] == "torchrun"
+    for row in merged["run"]["ranks"]:
+        own = checked_findings(gd.cwd / row["bundle"] / "findings.json")
+        assert row["gpu_idle_share"] == own["summary"]["gpu_idle_share"] is None
+        time = row["time"]
+        assert time["computing_s"] == 0.0 and time["step_s"] == pytest.approx(own["run"]["step_s"], rel=1e-6)
+        assert sum(v for k, v in time.items() if k != "step_s") == pytest.approx(time["step_s"], rel=1e-6)
+    times = {row["rank"]: row["time"] for row in merged["run"]["ranks"]}
+    assert times[1]["data_wait_s"] > times[0]["data_wait_s"] and times[0]["waiting_for_ranks_s"] > 0
+    waiting = checked_findings(gd.cwd / "run" / "rank-0" / "findings.json")["summary"]
+    assert waiting.get("waits_for") == 1 and "no problems found" not in waiting["verdict"], waiting
+    page = (gd.cwd / "run" / "report.html").read_text()
+    assert "ranks of one job launched by torchrun." in page and "host work (computing included)" in page

@@ -104,3 +104,31 @@ def test_the_merged_report_tells_one_story_of_the_job(merged: dict[str, dict], b
     for section in ("Step time budget", "Over the run", "Kernel durations", "Raw trace"):
         assert f"<h2>{section} (rank 0&#39;s)</h2>" in page, section
     assert to_text(report).splitlines()[2].startswith("  rank 0's steps: collectives ")
+
+
+LAUNCHERS = {"job_loader_straggler_bad": "torchrun", "job_loader_straggler_inner_bad": "torchrun",
+             "job_spawn_straggler_bad": "mp.spawn", "job_lightning_straggler_bad": "Lightning",
+             "job_accumulate_bad": "torchrun"}
+
+
+@pytest.mark.parametrize("job", sorted({job for pair in PAIRS for job in pair[:2]}))
+def test_the_jobs_page_and_its_ranks_pages_agree(merged: dict[str, dict], job: str) -> None:
+    """Every rank's GPU idle is the one its own page says, its step split adds up to its step, the job's idle is
+    its idlest rank's, and no page with analysed steps says that none happened."""
+    report = merged[job]
+    for row in report["run"]["ranks"]:
+        own = json.loads((Path(row["bundle"]) / "findings.json").read_text())
+        assert row["gpu_idle_share"] == own["summary"]["gpu_idle_share"], (job, row["rank"])
+        time = row["time"]
+        assert sum(v for k, v in time.items() if k != "step_s") == pytest.approx(time["step_s"], rel=1e-6)
+        assert time["step_s"] == pytest.approx(own["run"]["step_s"], rel=1e-6)
+        page = (Path(row["bundle"]) / "report.html").read_text()
+        assert "none happened" not in page
+        if "waits_for" in own["summary"]:  # a waiting rank in words of its own
+            assert "no problems found" not in own["summary"]["verdict"], own["summary"]
+    idlest = max(report["run"]["ranks"], key=lambda r: r["gpu_idle_share"])
+    assert report["summary"]["gpu_idle_share"] == idlest["gpu_idle_share"]
+    if job in LAUNCHERS:
+        assert report["run"]["launcher"] == LAUNCHERS[job]
+    page = to_html(link_outputs(report, Path(report["links"]["run"])))
+    assert "torchrun job" not in page and page.count("each analysed step</h3>") == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
 from gpudoctor.testing import BundleBuilder
 
@@ -149,3 +151,77 @@ def test_a_rank_shares_its_hosts_cores_with_the_others_in_its_worker_count(tmp_p
     evidence = {e["name"]: e["value"] for e in loader["evidence"]}
     assert "num_workers=15" in loader["fix"]
     assert (evidence["cores available"], evidence["ranks on this host"], evidence["cores per rank"]) == (32, 2, 16.0)
+
+
+def _spawned(bundle: Path, rank: int) -> None:
+    """The rank as mp.spawn's child: gpudoctor recorded it from torch.multiprocessing's process index."""
+    from gpudoctor.bundle.events import RankEvent
+    from gpudoctor.bundle.jsonio import encode
+
+    with open(bundle / "events.jsonl", "ab") as events:
+        events.write(encode(RankEvent(rank=rank, source="torch.multiprocessing")) + b"\n")
+
+
+def _in_turns(run: Path, rank: int) -> None:
+    """Two workers that deliver late in turns: in every other step this rank waits 12 ms for its batch and reaches
+    the all-reduce last, in the others it waits for the other rank there."""
+    b = BundleBuilder(run / f"rank-{rank}", pid=4000 + 100 * rank)
+    b.loader(num_workers=2)
+    for step in range(STEPS):
+        late = (step + rank) % 2 == 0
+        b.step(wall_s=STEP_S, data_wait_s=0.012 if late else 0.0)
+        compute, allreduce = ((0.012, 0.017), (0.017, 0.019)) if late else ((0.0, 0.005), (0.005, 0.019))
+        b.kernels([(step, compute[0], compute[1] - compute[0], "sm90_xmma_gemm_f32f32_tf32f32_f32_nn"),
+                   (step, allreduce[0], allreduce[1] - allreduce[0], ALLREDUCE)])
+    b.write()
+    _spawned(run / f"rank-{rank}", rank)
+
+
+def test_ranks_that_wait_for_each_other_in_turns_are_named_whatever_launched_them(tmp_path: Path) -> None:
+    """No rank is last in most steps (pytorch/examples' ImageNet under mp.spawn, -j 4 on two GPUs: each rank's
+    two workers deliver late in turn), yet each waits for the other: GD601 says so, and leaves the cost to the
+    ranks' own loader findings; the job's page names mp.spawn, not torchrun."""
+    for rank in (0, 1):
+        _in_turns(tmp_path, rank)
+    report = write(diagnose([tmp_path], prepare_rules(RuleSelection())), tmp_path, ("html",)).report
+    [turns] = [f for f in report["findings"] if f["code"] == "GD601"]
+    assert turns["title"].startswith("Ranks 0 and 1 wait for each other in turns: 12.0 ms of each 20.0 ms "
+                                     "profiled step"), turns["title"]
+    assert turns["impact"] is None and "input-pipeline findings" in turns["impact_reason"]
+    evidence = {e["name"]: e["value"] for e in turns["evidence"]}
+    assert evidence["last to arrive"] == "rank 0 in 4, rank 1 in 4 of 8 steps"
+    assert report["run"]["launcher"] == "mp.spawn"
+    html = (tmp_path / "report.html").read_text()
+    assert "ranks of one job launched by mp.spawn" in html and "torchrun job" not in html
+
+
+def test_a_job_page_and_its_rank_pages_say_the_same_of_each_rank(tmp_path: Path) -> None:
+    """The same GPU idle for the same rank on every page, a bar per rank whose slices add up to its step, the
+    waiting rank's page in words of its own (never "no problems found" beside its wait, nor that no step ran)."""
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8)
+    _rank(tmp_path, 1, data_wait_s=0.012, compute=(0.012, 0.017), allreduce=(0.017, 0.019), workers=0)
+    report = write(diagnose([tmp_path], prepare_rules(RuleSelection())), tmp_path, ("html",)).report
+    pages = {r: json.loads((tmp_path / f"rank-{r}" / "findings.json").read_text()) for r in (0, 1)}
+    for row in report["run"]["ranks"]:
+        own = pages[row["rank"]]["summary"]
+        assert row["gpu_idle_share"] == own["gpu_idle_share"], (row["rank"], row["gpu_idle_share"], own)
+        time = row["time"]
+        parts = sum(time[k] for k in ("computing_s", "communicating_s", "waiting_for_ranks_s", "data_wait_s",
+                                      "other_host_s"))
+        assert parts == pytest.approx(time["step_s"]) and time["step_s"] == pytest.approx(row["step_s"])
+        assert time["data_wait_s"] <= time["step_s"]
+    idlest = max(report["run"]["ranks"], key=lambda r: r["gpu_idle_share"])
+    assert report["summary"]["gpu_idle_share"] == idlest["gpu_idle_share"]
+    assert report["run"]["gpu_idle_rank"] == idlest["rank"] == 1
+    ranks = {r["rank"]: r["time"] for r in report["run"]["ranks"]}
+    assert ranks[0]["waiting_for_ranks_s"] > 0.5 * ranks[0]["step_s"] and ranks[1]["waiting_for_ranks_s"] == 0.0
+    waiting = pages[0]["summary"]["verdict"]
+    assert "no problems found" not in waiting and "Its GPU waits in collectives" in waiting, waiting
+    page = (tmp_path / "rank-0" / "report.html").read_text()
+    assert "none happened" not in page and "waiting for rank 1" in page
+    job_page = (tmp_path / "report.html").read_text()
+    assert job_page.count('class="chart steps-chart"') == 2  # rank 0's steps, and one bar per rank
+    assert "Rank 0: each analysed step" not in job_page
+    assert f"GPU idle {round(idlest['gpu_idle_share'] * 100)}% of it on rank 1" in job_page
+    slow = pages[1]["summary"]["verdict"]
+    assert slow.startswith("The other ranks wait for this one in every collective: fixing it brings the job's"), slow

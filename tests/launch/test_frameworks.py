@@ -103,6 +103,15 @@ def _no_rank_is_another_program(result: Result, world_size: int) -> None:
         assert pid in own and not own & {int(p) for p in others}, rank
 
 
+def _launched_by(result: Result, launcher: str | None) -> None:
+    """The job's report names what launched its ranks as it is, never "torchrun" for another."""
+    assert result.findings()["run"].get("launcher") == launcher
+    page = (result.run_dir / "report.html").read_text()
+    assert "torchrun job" not in page
+    if launcher is not None:
+        assert f"ranks of one job launched by {launcher}." in page
+
+
 def test_lightning_trains_in_one_process(gd: Gpudoctor) -> None:
     result = gd.profile(script("lightning_train.py"), "--steps", "12")
     _same_as_plain(gd, "lightning_train", [script("lightning_train.py"), "--steps", "12"], result)
@@ -121,6 +130,7 @@ def test_lightning_ddp_profiles_the_ranks_lightning_starts(gd: Gpudoctor, strate
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
     assert (result.run_dir / "launcher").is_dir() == (strategy == "ddp_spawn")
+    _launched_by(result, "Lightning")
     joined = [e for e in result.events(RankEvent, "rank-1") if e.source == "init_process_group"]
     assert [(e.rank, e.world_size) for e in joined] == [(1, 2)]
 
@@ -174,6 +184,7 @@ def test_accelerate_launch_runs_each_rank_under_gpudoctor(gd: Gpudoctor) -> None
     _same_as_plain(gd, "accelerate_train", ["-m", "accelerate.commands.launch", *options, FREE_PORT, *args], result)
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
+    _launched_by(result, "accelerate")
 
 
 def test_torch_multiprocessing_spawn(gd: Gpudoctor) -> None:
@@ -181,6 +192,7 @@ def test_torch_multiprocessing_spawn(gd: Gpudoctor) -> None:
     _same_as_plain(gd, "spawn_ddp", [script("spawn_ddp.py"), "--steps", "12"], result)
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
+    _launched_by(result, "mp.spawn")
 
 
 def test_subprocesses_that_run_ranks(gd: Gpudoctor) -> None:
@@ -190,6 +202,7 @@ def test_subprocesses_that_run_ranks(gd: Gpudoctor) -> None:
     _every_rank_merged(result, 2, 12)
     _no_rank_is_another_program(result, 2)
     assert (result.run_dir / "launcher" / "manifest.json").is_file()
+    _launched_by(result, None)  # the script's own launcher: named by no framework
 
 
 def test_max_steps_stops_every_rank(gd: Gpudoctor) -> None:
@@ -238,6 +251,7 @@ def test_torchrun_either_way_round(gd: Gpudoctor, form: str) -> None:
     _same_as_plain(gd, "ddp_train", [*torchrun, *args], result)
     _every_rank_merged(result, 2, 12)
     assert len(re.findall(r"^gpudoctor: 2 ranks;", result.stderr, re.MULTILINE)) == 1
+    _launched_by(result, "torchrun")
 
 
 def test_a_killed_gpudoctor_leaves_no_process_of_the_job(gd: Gpudoctor) -> None:

@@ -12,7 +12,7 @@ from gpudoctor.engine import run_rules
 from gpudoctor.report import build_report
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html, to_text
-from gpudoctor.report.units import step_after
+from gpudoctor.report.units import seconds, step_after
 from gpudoctor.testing import BundleBuilder
 
 
@@ -108,3 +108,51 @@ def test_warm_up_and_start_up_steps_never_enter_the_figures(tmp_path: Path) -> N
     run = b.build()
     assert [s.window for s in run.steps] == ["closed"] * 3
     assert build_report(run, run_rules(run, []))["run"]["median_step_s"] == pytest.approx(0.1)
+
+
+def _contended_starved(tmp_path: Path, *, others: float, delay: float, main_cores: float) -> Run:
+    """A CPU run on 2 cores beside other programs (`others` of them): 400 ms steps, 150 ms of each waiting for a
+    loader in the main process; the main thread waits for a core `delay` of the time and uses `main_cores`."""
+    b = BundleBuilder(tmp_path)
+    b.env(cores=2)
+    b.loader(num_workers=0, batch_size=16)
+    b.steps(20, wall_s=0.4, data_wait_s=0.15)
+    b.process(main_cores, run_delay_share=delay)
+    b.host_samples(other_cores=others)
+    return b.build()
+
+
+def test_savings_together_never_promise_a_step_shorter_than_its_own_work(tmp_path: Path) -> None:
+    """GD504 (other programs' CPU) and GD101 (the loader in the main process) both claim the wait: counted once,
+    their sum stays within the step less the main thread's own work; and GD504 alone never promises a step
+    shorter than the main thread's CPU per step (once it printed "201.0 ms → ~0 µs/step (≈614719.7×)")."""
+    from gpudoctor.analysis.shares import work_floor_s
+    from gpudoctor.engine import builtin_rules
+
+    for name, others, delay, cores in (("loaded", 1.7, 0.82, 0.15), ("absurd", 1.94, 0.99, 0.06)):
+        run = _contended_starved(tmp_path / name, others=others, delay=delay, main_cores=cores)
+        own = run.host.main_thread_cpu_s
+        assert own == pytest.approx(cores * 0.4, rel=0.05), name
+        result = run_rules(run, builtin_rules())
+        found = {f.code: f for f in result.findings}
+        assert {"GD101", "GD504"} <= set(found), (name, sorted(found))
+        contention = found["GD504"].impact
+        assert contention is not None and 0 < contention <= 1 - own / 0.4 + 1e-3, (name, contention)
+        total = sum(f.impact or 0.0 for f in result.findings if f.severity != "info")
+        floor = work_floor_s(run)
+        assert floor is not None and total <= 1 - floor / 0.4 + 1e-3, (name, total, floor)
+        text = to_text(build_report(run, result))
+        assert "~0 µs/step" not in text and "all of it" not in text, text
+        after = 0.4 * (1 - min(0.95, total))
+        assert f"down to ~{seconds(after)}" in text.splitlines()[0], text
+
+
+def test_a_cpu_runs_problems_without_a_cost_are_said_without_a_gpu(tmp_path: Path) -> None:
+    """After GD101's fix on a CPU run, what is left may have no estimated cost: the verdict says what was found,
+    not "GPU activity not measured; 1 problem"."""
+    b = BundleBuilder(tmp_path)
+    b.steps(3)
+    run = b.build()
+    verdict = build_report(run, run_rules(run, [cost_unknown]))["summary"]["verdict"]
+    assert verdict == "1 problem; its cost of each 100.0 ms step is not estimated: something.", verdict
+    assert "GPU" not in verdict
