@@ -14,6 +14,7 @@ from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.gpu_work import GpuWork, Launches
 from gpudoctor.analysis.host_view import HostView
 from gpudoctor.analysis.loader_cpu import cores_per_rank, loader_limit_s, loader_workers, worker_cpu_per_batch_s
+from gpudoctor.analysis.precision import Precision
 from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
 from gpudoctor.analysis.settings import Setting, setting_at
 from gpudoctor.analysis.step_view import StepView
@@ -40,7 +41,8 @@ from gpudoctor.analysis.views import (
 __all__ = [
     "MOVED", "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "ForkInfo", "GilStats",
     "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "Location", "NotEvaluated",
-    "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step", "StepTime", "StepView",
+    "Precision", "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step", "StepTime",
+    "StepView",
     "SyncSite", "ThreadInfo", "WindowInfo", "batch_setting", "compile_setting", "cores_per_rank", "loader_limit_s",
     "loader_setting", "loader_workers", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

@@ -60,7 +60,7 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
     "data_starvation": ("data_wait",), "cpu_oversubscription": ("data_wait",), "blocking_copy": ("copy", "sync"),
     "sync_point": ("sync",), "small_batch": ("host", "unexplained"),
     "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
-    "straggler": ("collective",), "communication": ("collective",),
+    "straggler": ("collective",), "communication": ("collective",), "precision": ("gpu_busy",),
 }
 
 
