@@ -12,6 +12,7 @@ from functools import cached_property
 from gpudoctor.analysis.budget import idle_in_syncs, step_splits
 from gpudoctor.analysis.collectives import collective_only_s
 from gpudoctor.analysis.events import TRACED_WINDOW_STATES
+from gpudoctor.analysis.fusion import Fusion, fusion
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.gpu_ops import GpuOps
 from gpudoctor.analysis.kernels import kernels_in_steps
@@ -137,6 +138,11 @@ class GpuWork:
         if kernels is None or gpu is None:
             return None
         return precision(kernels, len(self.placed_steps), self._trace, gpu.primary_device)
+
+    @cached_property
+    def fusion(self) -> Fusion | None:
+        """The share of the placed steps' kernels torch.compile would fuse (analysis.fusion); None without kernels."""
+        return fusion(self.kernels) if self.kernels is not None else None
 
     @cached_property
     def replays_cuda_graphs(self) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
+from gpudoctor.analysis.budget import CLAIMED_WITHIN, SLICES_OF_CATEGORY, Budget
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction, rule_of
 from gpudoctor.engine.isolation import RuleLimits, evaluate_rule
@@ -116,6 +116,12 @@ def _claim_order(record: FindingRecord) -> tuple[int, float, str]:
     return -SEVERITIES.index(record.severity), -(record.impact or 0.0), record.code
 
 
+def _pool_order(record: FindingRecord) -> tuple[bool, int, float, str]:
+    """Who keeps a share of the budget first: a finding that names a cause within another category's share
+    (CLAIMED_WITHIN), then as `_claim_order`."""
+    return (record.category not in CLAIMED_WITHIN, *_claim_order(record))
+
+
 def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str]) -> list[FindingRecord]:
     """Of the findings on one line (or without one) whose rules claim the same share of the step, the most severe
     (then the largest) keeps its impact; the others keep their place and evidence, with no impact and a reason
@@ -151,11 +157,11 @@ def within_slices(records: list[FindingRecord], budget: Budget | None) -> list[F
     two copies blocked the host for 53% and 30% of the step beside 70% of GPU idle in copies and syncs."""
     if budget is None:
         return records
-    left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY}
+    left = {category: budget.share_of(category) for category in SLICES_OF_CATEGORY if category not in CLAIMED_WITHIN}
     holders: dict[str, FindingRecord] = {}
     kept: dict[int, FindingRecord] = {}
-    for index, record in sorted(enumerate(records), key=lambda item: _claim_order(item[1])):
-        category = record.category
+    for index, record in sorted(enumerate(records), key=lambda item: _pool_order(item[1])):
+        category = CLAIMED_WITHIN.get(record.category, record.category)  # the share it draws on
         if record.impact is None or category not in left:
             continue
         if record.impact <= left[category] + 1e-4:  # impacts are rounded to 4 places: within that, it fits

@@ -48,6 +48,11 @@ CPU_E2E_ONLY = {"GD505"}
 # Rules of a torchrun job, proven on two-rank gloo jobs run for real on the CPU (tests/job/test_job.py): a straggler by
 # its loader and a balanced job; gradient accumulation without and with no_sync. No two-GPU job is recorded yet.
 CPU_JOB_ONLY = {"GD601", "GD602"}
+# Rules whose GPU fixtures wait in fixtures/to_record/ for a GPU machine to record them; meanwhile they are proven on
+# bundles built in code (tests/builtin_rules/test_slow_step_rules.py) and, where the CPU shows them, by `gpudoctor
+# profile` on the CPU (tests/builtin_rules/test_slow_step_e2e.py).
+TO_RECORD = SCRIPTS.parent / "to_record"
+AWAITING_RECORDING = {"GD312", "GD313", "GD314", "GD402", "GD701", "GD702"}
 # Twins that fix what their pair measures but keep the pathology: tiny_batch_ops_fixed runs 32x the samples in
 # the same step time (the per-sample gain its pair checks), and that step is still launch-bound (GPU idle 84%);
 # tiny_batch_ops_graphed replays forward and backward as CUDA graphs and runs 7x faster, yet its host still takes
@@ -148,7 +153,7 @@ def test_every_fixed_fixture_is_the_twin_of_a_pair() -> None:
 
 def test_every_rule_has_a_fixture_and_documentation() -> None:
     covered = ({code for name in available_fixtures() for code in expected(name).codes} | SYNTHETIC_ONLY | CPU_E2E_ONLY
-               | CPU_JOB_ONLY)
+               | CPU_JOB_ONLY | AWAITING_RECORDING)
     for r in builtin_rules():
         assert r.code in covered, f"{r.code} has no fixture"
         for section in ("What it detects", "Why it matters", "Fix"):
@@ -156,6 +161,14 @@ def test_every_rule_has_a_fixture_and_documentation() -> None:
     for name in available_fixtures():
         twin = name.replace("_bad", "_fixed")
         assert not name.endswith("_bad") or twin in available_fixtures(), f"{name} has no fixed twin"
+
+
+def test_each_rule_awaiting_its_recording_has_a_fixture_script_waiting() -> None:
+    waiting = {code for path in TO_RECORD.glob("*.py") if not path.name.startswith("_")
+               for code in read_expectations(path).codes}
+    assert waiting >= AWAITING_RECORDING, AWAITING_RECORDING - waiting
+    recorded = {code for name in available_fixtures() for code in expected(name).codes}
+    assert not AWAITING_RECORDING & recorded, "a rule with a recorded fixture no longer awaits one"
 
 
 def _snapshot() -> dict[str, list[dict[str, Any]]]:
