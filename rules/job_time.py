@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from gpudoctor import Finding, LoaderRemedy, NotEvaluated, Remedy, Run, rule
 from gpudoctor.analysis import PHASE_NAMES, LoaderInfo, Location, Stall, Stalls, Startup
 
-UNKNOWN_STALLS = 3  # stalls of no known cause are told of when at least this many come every N steps
+UNKNOWN_STALLS = 4  # stalls of no known cause are told of when at least this many come every N steps
 CAUSE_NAMES = {"save": "torch.save", "checkpoint": "a checkpoint", "gc": "garbage collection",
                "eval": "an evaluation", "unknown": "a cause gpudoctor does not watch"}
 STALL_FIXES = {
@@ -32,7 +32,8 @@ def periodic_stall(run: Run, min_share: float = 0.05, min_stalls: int = 2) -> It
     `min_share` of the steps' time; each given to what held it up (collect.pauses): a `torch.save` (the line
     that calls it), the model put in eval mode for an evaluation (the line that does), a garbage collection,
     or, when none of those took the time, a cause gpudoctor does not watch (logging, a metric, a file: told of
-    when at least three come every N steps).
+    when at least four come every N steps). Steps in which a DataLoader starts its workers (an epoch's start)
+    are GD702's.
 
     Why it matters: a profiler window of a few steps between two checkpoints sees none of it, yet a model and
     its Adam state written with torch.save every 10 steps can take more of the job than the steps themselves:
@@ -84,10 +85,11 @@ def slow_startup(run: Run, min_share: float = 0.2, dominates: float = 0.5) -> It
     other imports, CUDA's initialization, the loader workers' start and first batches, torch.compile, the first
     step's own start, and the script's own set-up (the lines its main thread was seen in: dataset indexing,
     model building, downloads); plus the DataLoader workers started again at each later epoch (a loader
-    without persistent workers). It fires when what a change to the script shortens (its own set-up, the
-    workers' starts, compilation) takes at least `min_share` of the job, and is critical when start-up takes
-    `dominates` of it or more. Every job's fixed costs (the interpreter, imports, CUDA) count in the share it
-    gives, not in what makes it fire: a short benchmark is not told to run longer.
+    without persistent workers). It fires when what a change to the script shortens (its own set-up, the workers'
+    starts, compilation) takes at least `min_share` of the job, or the epochs' worker starts at least `min_share` of
+    the steps' time, and is critical when start-up takes `dominates` of the job or more. Every job's fixed costs
+    (the interpreter, imports, CUDA) count in the share it gives, not in what makes it fire: a short benchmark is
+    not told to run longer.
 
     Why it matters: a short job, or one cut into many short epochs, can spend most of its time on work that is
     not training: 128 workers started anew at every epoch of 15 steps, each importing torch, take longer than
@@ -108,14 +110,14 @@ def slow_startup(run: Run, min_share: float = 0.2, dominates: float = 0.5) -> It
     if found is None:
         raise NotEvaluated("the start-up was not watched (a bundle recorded before gpudoctor watched it), or its "
                            "launch or first step is not known")
-    if found.changeable_share < min_share:
-        return
     steady = sum(s.wall_s for s in run.step_view.steady_steps)
+    impact = min(1.0, found.restart_s / steady) if found.restarts and steady > 0 else None
+    if found.changeable_share < min_share and (impact or 0.0) < min_share:
+        return
     loader = run.sites.loader.main
-    impact = found.restart_s / steady if found.restarts and steady > 0 else None
     yield Finding(
         _startup_title(found),
-        impact=min(impact, 1.0) if impact is not None else None,
+        impact=impact,
         impact_reason=None if impact is not None else
         f"start-up is paid once, not at each step: {found.share:.0%} of this job",
         location=_startup_location(found, loader), severity="critical" if found.share >= dominates else None,

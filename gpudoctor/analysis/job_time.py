@@ -16,6 +16,7 @@ from gpudoctor.bundle.events import (
     CompileEvent,
     DynamoEvent,
     EndEvent,
+    HostLinesEvent,
     LoaderStartEvent,
     PauseEvent,
     ProcessEvent,
@@ -38,15 +39,16 @@ class JobTime:
         """The start-up, and the loaders' worker starts at later epochs; None for a bare trace or without steps."""
         if self._steps.trace_only:
             return None
+        loop = frozenset((line.file, line.line) for e in self._events(HostLinesEvent) for line in e.lines)
         events = StartupEvents(self._events(ProcessEvent), self._events(EndEvent), self._events(StartupEvent),
                                self._events(StartupLinesEvent), self._events(LoaderStartEvent),
-                               self._events(CompileEvent))
+                               self._events(CompileEvent), loop)
         return startup(self._manifest, self._steps.run_steps, events, self._pace_s())
 
     @cached_property
     def stalls(self) -> Stalls | None:
         """The steady steps' stalls and their causes; None with too few steps."""
-        return stalls(self._steps.steady_steps, self._events(PauseEvent))
+        return stalls(self._steps.steady_steps, self._events(PauseEvent), self._events(LoaderStartEvent))
 
     @cached_property
     def compiles(self) -> Compiles | None:

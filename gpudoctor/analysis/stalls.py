@@ -2,8 +2,9 @@
 (collect.pauses), at the user's line.
 
 A step stalls when it takes more than STALL_FACTOR times the usual step (the median of the steady steps outside the
-profiler's warm-up and active steps, which it slows) and at least MIN_EXCESS_S more, in a run where at most
-MAX_STALLED_SHARE of the steps do (beyond that, slow steps are how the run steps). Its excess over the usual step
+profiler's warm-up and active steps, which it slows), or a pause recorded in it (a save, a collection) took as long
+as a usual step, and it is at least MIN_EXCESS_S longer than that step, in a run where at most MAX_STALLED_SHARE of
+the steps do (beyond that, slow steps are how the run steps). Its excess over the usual step
 is what the stall costs; an excess that is mostly a wait for data is the input pipeline's (a loader restarting its
 workers, or falling behind), not a stall's. Each stalled step is given to the pause that took most of its excess,
 else to the evaluation that began in it, else to no known cause; stalls of one cause at one line are counted
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from gpudoctor.analysis.views import Location, Step
-from gpudoctor.bundle.events import PauseEvent
+from gpudoctor.bundle.events import LoaderStartEvent, PauseEvent
 
 STALL_FACTOR = 3.0
 MIN_EXCESS_S = 0.005
@@ -27,6 +28,7 @@ MIN_EXCESS_S = 0.005
 MAX_STALLED_SHARE = 1 / 3
 PROFILED = ("warmup", "active")  # the steps the profiler records, which it slows
 EXPLAINS = 0.3  # a pause that took this share of a stall's excess is its cause
+PERIODIC = 0.75  # stalls come every N steps when this share of the gaps between them is N, give or take one
 CAUSES = ("save", "checkpoint", "gc", "eval", "unknown")
 
 
@@ -58,10 +60,14 @@ class Stalls:
         return stall.excess_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def stalls(steps: Sequence[Step], pauses: Iterable[PauseEvent]) -> Stalls | None:
+def stalls(steps: Sequence[Step], pauses: Iterable[PauseEvent],
+           loader_starts: Iterable[LoaderStartEvent] = ()) -> Stalls | None:
     """The stalls of `steps` (the steady steps), given to the `pauses` recorded in them; None without enough steps.
-    The profiled steps, and the first of the detail steps and of those after the window, are left out."""
-    kept = [s for s in steps if s.window not in PROFILED and s.index not in _first_of_each_state(steps)]
+    The profiled steps, the first of the detail steps and of those after the window, and the steps in which a
+    DataLoader started its workers (`loader_starts`: an epoch's start, the start-up's analysis's) are left out."""
+    restarted = {e.step for e in loader_starts if e.workers > 0}
+    left_out = _first_of_each_state(steps) | restarted
+    kept = [s for s in steps if s.window not in PROFILED and s.index not in left_out]
     if len(kept) < 3:
         return None
     usual = statistics.median(s.wall_s for s in kept)
@@ -72,7 +78,8 @@ def stalls(steps: Sequence[Step], pauses: Iterable[PauseEvent]) -> Stalls | None
     groups: dict[tuple[str, Location | None], list[tuple[Step, float, float]]] = defaultdict(list)
     for step in kept:
         excess = step.wall_s - usual
-        if step.wall_s < STALL_FACTOR * usual or excess < MIN_EXCESS_S:
+        paused = sum(p.seconds for p in by_step.get(step.index, []))
+        if excess < MIN_EXCESS_S or (step.wall_s < STALL_FACTOR * usual and paused < usual):
             continue
         if step.data_wait_s - usual_wait >= 0.5 * excess:
             continue  # the input pipeline's: a loader restarting its workers, or falling behind
@@ -114,11 +121,11 @@ def _cause(pauses: list[PauseEvent], excess: float) -> tuple[str, Location | Non
 
 
 def _period(indices: list[int]) -> int | None:
-    """N when the stalls come every N steps (at least half the gaps between them, give or take one, and N at least
+    """N when the stalls come every N steps (PERIODIC of the gaps between them, give or take one, and N at least
     2); else None."""
     if len(indices) < 2:
         return None
     gaps = [b - a for a, b in pairwise(indices)]
     common, _ = Counter(gaps).most_common(1)[0]
     near = sum(1 for gap in gaps if abs(gap - common) <= 1)
-    return common if near * 2 >= len(gaps) and common >= 2 else None
+    return common if near >= PERIODIC * len(gaps) and common >= 2 else None

@@ -44,12 +44,13 @@ class StartupEvents:
     lines: list[StartupLinesEvent]
     loaders: list[LoaderStartEvent]
     compiles: list[CompileEvent]
+    loop_lines: frozenset[tuple[str, int]] = frozenset()  # (file, line) the training loop's steps were seen at
 
 
 @dataclass(frozen=True)
 class Restart:
-    """A DataLoader that started its workers again at a later epoch: in step `step`, taking `seconds` (the
-    iterator made, and the first batch's wait beyond the usual one)."""
+    """A DataLoader that started its workers again at a later epoch: in step `step`, taking `seconds` (that step
+    beyond the usual one: the old workers shut down, the new ones started, the first batch awaited)."""
 
     loader_id: int | None
     step: int
@@ -111,10 +112,11 @@ def startup(manifest: Manifest, steps: Sequence[Step], events: StartupEvents, pa
     end = _end(manifest, launch, events.ends, steps[-1].end)
     seconds = max(0.0, first.end - launch - (pace_s or 0.0))
     usual_wait = statistics.median(s.data_wait_s for s in steps)
+    usual_s = statistics.median(s.wall_s for s in steps)
     loader_starts = events.loaders
     first_starts = [e for e in loader_starts if e.step == first.index]
     phases = _phases(launch, seconds, first, events, first_starts, pace_s)
-    restarts = tuple(_restart(e, steps, usual_wait) for e in loader_starts
+    restarts = tuple(_restart(e, steps, usual_wait, usual_s) for e in loader_starts
                      if e.step > first.index and e.workers > 0 and not _reused(e, loader_starts))
     return Startup(seconds, max(0.0, end - launch), phases, _lines(events.lines), restarts,
                    max((e.workers for e in first_starts), default=0))
@@ -141,32 +143,38 @@ def _end(manifest: Manifest, launch: float, ends: list[EndEvent], last_step_end:
 
 def _phases(launch: float, seconds: float, first: Step, events: StartupEvents, first_starts: list[LoaderStartEvent],
             pace_s: float | None) -> dict[str, float]:
+    """The start-up's `seconds` by phase. The timed phases are as timed; the sampled ones (imports, the script's own
+    set-up) are the looks at the main thread that found it there, times the sampling interval; the lines of the
+    training loop (those the detail steps' hooks saw the host in) and what no look explains are the first step's
+    own start (libraries loaded, kernels chosen). The phases are scaled down where they add up to more than the
+    start-up (the samples and the timings overlap)."""
     process = next((e.t for e in events.process if e.t is not None), launch)
     timed = {e.phase: e.seconds for e in events.timed}
-    compile_s = sum(e.seconds for e in events.compiles if e.step == first.index)
     first_wait = first.data_wait_s if first_starts else 0.0  # the first batch, waiting for the workers to start
-    loader_s = sum(e.seconds for e in first_starts) + first_wait
     phases = {
         "interpreter": max(0.0, process - launch),
         "torch_import": timed.get("torch_import", 0.0),
         "cuda_init": timed.get("cuda_init", 0.0),
-        "loader_workers": loader_s,
-        "compile": compile_s,
-        "first_step": max(0.0, first.wall_s - first_wait - compile_s - (pace_s or 0.0)),
+        "loader_workers": sum(e.seconds for e in first_starts) + first_wait,
+        "compile": sum(e.seconds for e in events.compiles if e.step == first.index),
     }
+    imports, setup = _sampled(events.lines, events.loop_lines)
+    phases["imports"] = max(0.0, imports - phases["torch_import"])
+    phases["setup"] = setup
     known = sum(phases.values())
-    rest = max(0.0, seconds - known)
-    importing = _importing_share(events.lines)
-    phases["imports"], phases["setup"] = rest * importing, rest * (1 - importing)
-    if known > seconds > 0:  # the phases overlap the first step's own time: scaled to the start-up
+    phases["first_step"] = max(0.0, seconds - known)
+    if known > seconds > 0:
         phases = {name: value * seconds / known for name, value in phases.items()}
     return phases
 
 
-def _importing_share(events: list[StartupLinesEvent]) -> float:
-    """The share of the start-up's looks that found the main thread importing a module."""
+def _sampled(events: list[StartupLinesEvent], loop_lines: frozenset[tuple[str, int]]) -> tuple[float, float]:
+    """The seconds the main thread was seen importing, and at the script's own lines outside its training loop."""
     event = events[0] if events else None
-    return event.importing / event.samples if event is not None and event.samples else 0.0
+    if event is None:
+        return 0.0, 0.0
+    own = sum(line.samples for line in event.lines if (line.file, line.line) not in loop_lines)
+    return event.importing * event.interval_s, own * event.interval_s
 
 
 def _reused(start: LoaderStartEvent, starts: list[LoaderStartEvent]) -> bool:
@@ -174,9 +182,14 @@ def _reused(start: LoaderStartEvent, starts: list[LoaderStartEvent]) -> bool:
     return start.persistent and any(e.loader_id == start.loader_id and e.step < start.step for e in starts)
 
 
-def _restart(start: LoaderStartEvent, steps: Sequence[Step], usual_wait: float) -> Restart:
-    waited = next((s.data_wait_s for s in steps if s.index == start.step), 0.0)
-    return Restart(start.loader_id, start.step, start.seconds + max(0.0, waited - usual_wait), start.workers)
+def _restart(start: LoaderStartEvent, steps: Sequence[Step], usual_wait: float, usual_s: float) -> Restart:
+    """A later epoch's worker start: the step it happened in, over the usual step (the old workers shut down, the
+    new ones started, the first batch awaited), or at least the iterator's making and the first batch's wait."""
+    step = next((s for s in steps if s.index == start.step), None)
+    if step is None:
+        return Restart(start.loader_id, start.step, start.seconds, start.workers)
+    seconds = max(step.wall_s - usual_s, start.seconds + max(0.0, step.data_wait_s - usual_wait))
+    return Restart(start.loader_id, start.step, seconds, start.workers)
 
 
 def _lines(events: list[StartupLinesEvent]) -> tuple[tuple[Location, float], ...]:

@@ -64,6 +64,8 @@ class TriedJson(TypedDict):
     speedup: float | None
     steps: int | None
     reason: str | None
+    tier: str | None  # same | numerics (gpudoctor.remedy.TIERS); None for a finding without a remedy
+    loss_delta: float | None  # how far the loss moved against the diagnosed run's, relative; None: not compared
 
 
 class FindingJson(_FindingFields, total=False):
@@ -153,7 +155,10 @@ TRIED_STATUSES = ("measured", "failed", "not_applicable")
 class Tried(_JsonRecord, kw_only=True, frozen=True):
     """A finding's fix, tried: the script run again with it applied (`applied`, in the script's terms), and the
     step at that run's pace (`step_s`, over `steps` steps) with `speedup` = the diagnosed run's step over it;
-    or why it failed or could not be tried (`reason`, one sentence)."""
+    or why it failed or could not be tried (`reason`, one sentence). `tier`: whether the fix keeps the computation
+    ("same", tried by --try-fixes) or changes its numerics ("numerics", tried only by --try-fixes=all);
+    `loss_delta`: how far the loss handed to backward() moved over the steps both runs recorded, relative to the
+    diagnosed run's (gpudoctor.trying.numerics)."""
 
     what: ClassVar[str] = "tried fix"
     status: str
@@ -162,6 +167,8 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     speedup: Annotated[float, msgspec.Meta(gt=0)] | None = None
     steps: Annotated[int, msgspec.Meta(ge=0)] | None = None
     reason: str | None = None
+    tier: str | None = None
+    loss_delta: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
     def to_json(self) -> TriedJson:
         return cast("TriedJson", self._plain())

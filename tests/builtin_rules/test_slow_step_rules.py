@@ -253,7 +253,8 @@ def test_gd702_sizes_the_workers_started_at_each_epoch_and_tries_persistent_work
     [finding] = assert_fires("GD702", run, location="train.py:40")
     assert "2 later epochs start 8 workers again" in finding["title"]
     assert finding["remedy"]["loader"]["persistent_workers"] is True
-    assert finding["impact"] == pytest.approx(2 * 0.55 / sum(s.wall_s for s in run.step_view.steady_steps), abs=0.01)
+    # each restarting step 590 ms over the usual 10 ms: the old workers shut down, the new ones started and awaited
+    assert finding["impact"] == pytest.approx(2 * 0.59 / sum(s.wall_s for s in run.step_view.steady_steps), abs=0.01)
 
 
 def test_gd702_is_silent_when_the_fixed_costs_are_all_there_is(tmp_path) -> None:
