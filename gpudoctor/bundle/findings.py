@@ -66,6 +66,7 @@ class TriedJson(TypedDict):
     reason: str | None
     tier: str | None  # same | numerics (gpudoctor.remedy.TIERS); None for a finding without a remedy
     loss_delta: float | None  # how far the loss moved against the diagnosed run's, relative; None: not compared
+    compile_s: float | None  # a try that compiles the model: the compile time, apart from the steps it times
 
 
 class FindingJson(_FindingFields, total=False):
@@ -158,7 +159,8 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     or why it failed or could not be tried (`reason`, one sentence). `tier`: whether the fix keeps the computation
     ("same", tried by --try-fixes) or changes its numerics ("numerics", tried only by --try-fixes=all);
     `loss_delta`: how far the loss handed to backward() moved over the steps both runs recorded, relative to the
-    diagnosed run's (gpudoctor.trying.numerics)."""
+    diagnosed run's (gpudoctor.trying.numerics); `compile_s`: for a fix that compiles the model, the seconds
+    torch.compile took, reported apart from the steps timed after it."""
 
     what: ClassVar[str] = "tried fix"
     status: str
@@ -169,6 +171,7 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     reason: str | None = None
     tier: str | None = None
     loss_delta: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    compile_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
     def to_json(self) -> TriedJson:
         return cast("TriedJson", self._plain())

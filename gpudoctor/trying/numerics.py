@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 
 from gpudoctor.bundle import EVENTS
-from gpudoctor.bundle.events import EVENT_DECODER, LossEvent
+from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent, CompileEvent, LossEvent
 from gpudoctor.bundle.findings import Tried
 from gpudoctor.bundle.jsonio import read_jsonl
 from gpudoctor.bundle.layout import rank_dirs
@@ -37,9 +37,12 @@ def not_in_tier(remedy: Remedy, numerics: bool) -> Tried | None:
 
 
 def with_tier(tried: Tried, remedy: Remedy, diagnosed: Path, tried_in: Path) -> Tried:
-    """The try with its remedy's tier, and, when it was measured, how far it moved the loss."""
-    delta = loss_delta(diagnosed, tried_in) if tried.status == "measured" else None
-    return msgspec.structs.replace(tried, tier=remedy.tier, loss_delta=delta)
+    """The try with its remedy's tier, and, when it was measured, how far it moved the loss and, for a fix that
+    compiles the model, how long compiling took (apart from the steps timed after it)."""
+    measured = tried.status == "measured"
+    delta = loss_delta(diagnosed, tried_in) if measured else None
+    compiled = _compile_s(tried_in) if measured and remedy.compile else None
+    return msgspec.structs.replace(tried, tier=remedy.tier, loss_delta=delta, compile_s=compiled)
 
 
 def loss_delta(diagnosed: Path, tried_in: Path) -> float | None:
@@ -55,16 +58,26 @@ def loss_delta(diagnosed: Path, tried_in: Path) -> float | None:
     return round(statistics.fmean(abs(after[step] - before[step]) for step in common) / scale, 6)
 
 
-def _losses(run_dir: Path) -> dict[int, float]:
-    """Each step's mean loss, in the run's bundle (a job's first rank's)."""
+def _compile_s(run_dir: Path) -> float | None:
+    """The seconds torch.compile took in the run (a job's first rank), from dynamo's records; None without any."""
+    compiled = [e for e in _events(run_dir) if isinstance(e, CompileEvent)]
+    return round(sum(e.seconds for e in compiled), 3) if compiled else None
+
+
+def _events(run_dir: Path) -> list[AnyEvent]:
+    """The events of the run's bundle (a job's first rank's); none where it cannot be read."""
     ranks = rank_dirs(run_dir)
     bundle = min(ranks.items())[1] if ranks else run_dir
-    per_step: dict[int, list[float]] = defaultdict(list)
     try:
-        events = [e for e in read_jsonl(bundle / EVENTS, EVENT_DECODER) if isinstance(e, LossEvent)] \
-            if (bundle / EVENTS).is_file() else []
+        return list(read_jsonl(bundle / EVENTS, EVENT_DECODER)) if (bundle / EVENTS).is_file() else []
     except (GpudoctorError, OSError):
-        return {}
+        return []
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    """Each step's mean loss, in the run's bundle (a job's first rank's)."""
+    per_step: dict[int, list[float]] = defaultdict(list)
+    events = [e for e in _events(run_dir) if isinstance(e, LossEvent)]
     for event in events:
         for step, value in zip(event.steps, event.values, strict=False):
             if value is not None:

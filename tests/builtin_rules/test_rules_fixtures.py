@@ -32,6 +32,7 @@ from gpudoctor.testing import (
     read_expectations,
     run_rule,
 )
+from gpudoctor.testing.pairs import AWAITING_RECORDING as AWAITING_PAIRS
 from gpudoctor.testing.pairs import PAIRS, FixturePair
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "fixtures" / "scripts"
@@ -169,6 +170,26 @@ def test_each_rule_awaiting_its_recording_has_a_fixture_script_waiting() -> None
     assert waiting >= AWAITING_RECORDING, AWAITING_RECORDING - waiting
     recorded = {code for name in available_fixtures() for code in expected(name).codes}
     assert not AWAITING_RECORDING & recorded, "a rule with a recorded fixture no longer awaits one"
+
+
+@pytest.mark.parametrize("pair", AWAITING_PAIRS, ids=lambda pair: pair.fixed)
+def test_each_pair_awaiting_its_recording_has_both_scripts_and_expects_its_rules(pair: FixturePair) -> None:
+    bad, fixed = (TO_RECORD / f"{name}.py" for name in (pair.bad, pair.fixed))
+    assert bad.is_file() and fixed.is_file()
+    assert set(pair.rules) <= read_expectations(bad).codes
+    assert not read_expectations(fixed).codes  # `# expect: none`
+
+
+def test_no_rule_advises_a_knob_whose_gain_cannot_be_predicted() -> None:
+    """cudnn.benchmark measured neutral on ResNet-50 at fixed shapes (32.3 against 32.4 ms on an H200), and slows
+    variable shapes: no rule's documentation or fix on any recorded run advises it
+    (fixtures/to_record/cudnn_benchmark_off.py and _on.py expect nothing either)."""
+    assert not [r.code for r in builtin_rules() if "cudnn.benchmark" in r.doc]
+    fixes = [f"{name}: {f['code']}" for name in available_fixtures() for f in rule_by_rule(name)[0]
+             if "cudnn.benchmark" in f["fix"] or "benchmark=True" in f["fix"]]
+    assert not fixes
+    for name in ("cudnn_benchmark_off", "cudnn_benchmark_on"):
+        assert not read_expectations(TO_RECORD / f"{name}.py").codes
 
 
 def _snapshot() -> dict[str, list[dict[str, Any]]]:

@@ -3,8 +3,8 @@ pathology and their twins (tests/scripts/rules/): GD312 on Adam's per-tensor loo
 GD701 on a torch.save every 10 steps (silent saving once), GD702 on a short job whose set-up dominates and on a
 loader that restarts its workers at every epoch (silent on the twins), GD314 on a compiled model that breaks its
 graph and recompiles (dynamo on the CPU; silent on its twin); and the tiers of tries: `--try-fixes` measures the
-fused optimizer and leaves bf16 autocast, `--try-fixes=all` measures both, each with its tier and how far the
-loss moved."""
+fused optimizer and leaves bf16 autocast and compilation, `--try-fixes=all` measures them all, each with its tier
+and how far the loss moved, the compilation's time apart."""
 
 from __future__ import annotations
 
@@ -120,3 +120,7 @@ def test_try_fixes_all_measures_the_numerics_and_how_far_the_loss_moved(gd: Gpud
     assert 0 < try_of["loss_delta"] < 0.2, try_of  # bf16 rounds the model's products: the loss moves, a little
     [fused] = findings_of(result, "GD312")
     assert fused["tried"]["tier"] == "same" and fused["tried"]["status"] == "measured"
+    [compiled] = findings_of(result, "TIER102")
+    assert compiled["tried"]["status"] == "measured" and compiled["tried"]["tier"] == "numerics", compiled["tried"]
+    assert compiled["tried"]["compile_s"] > 0 and "compile" in compiled["tried"]["applied"]
+    assert fused["tried"]["compile_s"] is None

@@ -23,3 +23,19 @@ def try_bf16_autocast(run: Run) -> Iterator[Finding]:
     yield Finding("The model could run under bf16 autocast", impact=None, impact_reason="a test's finding",
                   evidence={"steps": len(run.steps)}, fix="torch.autocast(dtype=torch.bfloat16)",
                   remedy=Remedy(autocast="bfloat16"))
+
+
+@rule("TIER102", "try-compile", category="compile", severity="info")
+def try_compile(run: Run) -> Iterator[Finding]:
+    """The model could be compiled.
+
+    What it detects: any run with steps.
+
+    Why it matters: it gives the tests a fix that compiles the model, of the numerics tier, to try on a CPU (with
+    dynamo's eager backend, which compiles in seconds).
+
+    Fix: torch.compile(model).
+    """
+    run.require_steps()
+    yield Finding("The model could be compiled", impact=None, impact_reason="a test's finding",
+                  evidence={"steps": len(run.steps)}, fix="torch.compile(model)", remedy=Remedy(compile="eager"))
