@@ -42,7 +42,8 @@ def optimizer_per_tensor_loop(run: Run, min_share: float = 0.1, min_tensors: int
     """
     steps = run.require_steps()
     if not run.sites.optimizers:
-        raise NotEvaluated("the script stepped no optimizer that gpudoctor saw")
+        raise NotEvaluated("the optimizers were not recorded (a bundle recorded before gpudoctor recorded them)"
+                           if run.step_source == "optimizer" else "the script stepped no optimizer")
     step_opt_s = optimizer_step_s(run.step_view.hooked_steps)
     step_s = run.pace.seconds
     if step_opt_s is None or not step_s:

@@ -3,7 +3,7 @@
 Reading a CUDA loss's value would make the host wait for the GPU at every step, so each is kept as it is (detached:
 no graph held), a few hundred at a time stacked into one tensor on its device, and all are read once, as the
 process finishes: one wait, after the script's last step. Only a scalar handed to backward() is a loss; at most
-MAX_LOSSES are kept.
+MAX_LOSSES are kept, and none while a CUDA graph is being captured (its replays rewrite the loss in place).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class LossWatch:
     def _keep(self, loss: Any) -> None:
         if len(self.steps) >= MAX_LOSSES or loss.numel() != 1 or not loss.is_floating_point():
             return
+        if loss.is_cuda and _capturing():  # a CUDA graph being captured: nothing of gpudoctor's may enter it
+            return
         self.steps.append(self.recorder.completed)
         self._loose.append(loss.detach().reshape(()))
         if len(self._loose) >= STACK_EVERY:
@@ -71,3 +73,9 @@ class LossWatch:
             self._stack()
         values = [v if math.isfinite(v) else None for chunk in self._stacked for v in chunk.float().cpu().tolist()]
         self.recorder.emit(LossEvent(steps=self.steps[:len(values)], values=values))
+
+
+def _capturing() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
