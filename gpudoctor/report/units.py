@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpudoctor.report.numerics import numerics_note
+
 
 def seconds(value: float | None) -> str:
     if value is None:
@@ -65,4 +67,4 @@ def tried_text(step_s: float | None, finding: Mapping[str, Any]) -> str:
     predicted = f"predicted ~{seconds(max(step_s - saving, 0.0))}/step, " if step_s and saving is not None else ""
     speedup = tried["speedup"]
     pace = f"{speedup:.2f}× faster" if speedup >= 1 else f"{1 / speedup:.2f}× slower"
-    return f"{predicted}measured {seconds(tried['step_s'])}/step with the fix ({pace})"
+    return f"{predicted}measured {seconds(tried['step_s'])}/step with the fix ({pace})" + numerics_note(tried)
