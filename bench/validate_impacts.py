@@ -55,6 +55,12 @@ def predicted_gain(pair: FixturePair, rules: dict[str, Any]) -> tuple[float, str
         savings = [(item.value / 100, item.name) for f in findings for item in f.evidence
                    if item.name.startswith(SAMPLE_SAVING)]
         return savings[0] if savings else (0.0, "no saving per sample")
+    if pair.what_if is not None:  # the step after another fix, given as evidence, against the run's step
+        steps = [item.value for f in findings for item in f.evidence if item.name == pair.what_if]
+        step_s = load_fixture(pair.bad).pace.seconds
+        if not steps or not isinstance(steps[0], int | float) or not step_s:
+            return 0.0, f"no {pair.what_if}"
+        return max(0.0, 1 - steps[0] / 1e3 / step_s), pair.what_if
     return min(1.0, sum(f.impact or 0.0 for f in findings)), "impact"
 
 

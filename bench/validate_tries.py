@@ -49,6 +49,7 @@ class TryPair:
     fixed: str
     note: str = ""  # what the row shows besides the targets
     args: tuple[str, ...] = ()  # the scripts' arguments, in every run: enough steps for a steady state
+    numerics: bool = False  # the fix changes the numerics: tried with --try-fixes=all
 
 
 TRY_PAIRS = (
@@ -65,12 +66,23 @@ TRY_PAIRS = (
     TryPair("GD201", "blocking_copy_bad", "blocking_copy_fixed"),
     TryPair("GD201", "inference_pageable_bad", "inference_pageable_fixed"),
 )
+# The slow-step pairs whose scripts wait in fixtures/to_record/: each joins TRY_PAIRS once its bundles are recorded
+# (gpudoctor.testing.pairs.AWAITING_RECORDING).
+AWAITING_TRY_PAIRS = (
+    TryPair("GD311", "precision_fp32_bad", "precision_tf32_fixed", "TF32 (its bf16 twin is a what-if)", numerics=True),
+    TryPair("GD312", "optimizer_foreach_bad", "optimizer_fused_fixed"),
+    TryPair("GD313", "elementwise_eager_bad", "elementwise_compiled_fixed", "compile time reported apart",
+            numerics=True),
+    TryPair("GD402", "allocator_retries_bad", "allocator_expandable_fixed"),
+    TryPair("GD702", "startup_workers_bad", "startup_workers_fixed", "persistent workers; the twin has 8"),
+)
 
 
 # -- recording, on the GPU machine ------------------------------------------------------------------------
 def record_pair(pair: TryPair, out: Path, plain_runs: int, timeout_s: float) -> dict[str, Any]:
     bundle = out / pair.bad
-    profiled = run_group([sys.executable, "-m", "gpudoctor", "profile", "--out", str(bundle), "--try-fixes",
+    tier = "--try-fixes=all" if pair.numerics else "--try-fixes"
+    profiled = run_group([sys.executable, "-m", "gpudoctor", "profile", "--out", str(bundle), tier,
                           *PROFILE_OPTIONS.get(pair.bad, []), str(SCRIPTS / f"{pair.bad}.py"), *pair.args], timeout_s)
     (out / f"{pair.bad}.try.log").write_text(profiled.stdout[-20000:] + "\n---\n" + profiled.stderr[-20000:])
     finding = _finding(bundle / "findings.json", pair.code)

@@ -3,9 +3,9 @@
 The public API for rule authors is `rule`, `Finding`, `Run` and `NotEvaluated` (and the view types that
 `Run` returns, importable from `gpudoctor.analysis`); a rule of a torchrun job (`@rule(..., scope="job")`)
 takes a `Job` of `RankRun`s, each with its `RankFigures`. A finding whose fix gpudoctor can apply at run time
-carries a `Remedy` (with a `LoaderRemedy`), which `gpudoctor profile --try-fixes` measures. `gpudoctor.testing`
-tests a rule. A training loop with neither an optimizer nor a DataLoader marks its steps with
-`gpudoctor.step()`. Importing gpudoctor is cheap: the rest loads on first use.
+carries a `Remedy` (with a `LoaderRemedy` or an `OptimizerRemedy`), which `gpudoctor profile --try-fixes`
+measures. `gpudoctor.testing` tests a rule. A training loop with neither an optimizer nor a DataLoader marks its
+steps with `gpudoctor.step()`. Importing gpudoctor is cheap: the rest loads on first use.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ if TYPE_CHECKING:
     from gpudoctor.analysis import NotEvaluated, Run
     from gpudoctor.engine.api import Finding, rule
     from gpudoctor.job import Job, RankFigures, RankRun
-    from gpudoctor.remedy import LoaderRemedy, Remedy
+    from gpudoctor.remedy import LoaderRemedy, OptimizerRemedy, Remedy
 
-__all__ = ["Finding", "Job", "LoaderRemedy", "NotEvaluated", "RankFigures", "RankRun", "Remedy", "Run", "__version__",
-           "rule", "step"]
+__all__ = ["Finding", "Job", "LoaderRemedy", "NotEvaluated", "OptimizerRemedy", "RankFigures", "RankRun", "Remedy",
+           "Run", "__version__", "rule", "step"]
 
 
 def step() -> None:
@@ -42,7 +42,7 @@ def __getattr__(name: str) -> Any:
         from gpudoctor import analysis
 
         return getattr(analysis, name)
-    if name in ("Remedy", "LoaderRemedy"):
+    if name in ("Remedy", "LoaderRemedy", "OptimizerRemedy"):
         from gpudoctor import remedy
 
         return getattr(remedy, name)

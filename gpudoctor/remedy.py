@@ -2,8 +2,15 @@
 
 A rule attaches one to its finding (`Finding(..., remedy=Remedy(...))`) when its fix is a setting that the
 instrumentation can change from outside: a DataLoader's arguments, the intra-op threads, the multiprocessing
-start method, non-blocking copies of pinned loader batches. The script's process applies it
-(gpudoctor.collect.remedies); findings.json keeps it beside the finding, as `remedy`.
+start method, non-blocking copies of pinned loader batches, the optimizer's implementation, the CUDA allocator's
+settings; and, changing the numerics, TF32 matmuls, bf16 autocast around the model and torch.compile of it. The
+script's process applies it (gpudoctor.collect.remedies, gpudoctor.collect.step_remedies); findings.json keeps it
+beside the finding, as `remedy`.
+
+Each remedy has a tier (`Remedy.tier`): "same", a fix that keeps the computation (the same math, rounded alike
+or in another order: a fused optimizer's update), which `--try-fixes` tries; or "numerics", a fix that changes
+the numbers the step computes (lower precision, compiled kernels), which only `--try-fixes=all` tries, and whose
+try reports how far the loss moved.
 """
 
 from __future__ import annotations
@@ -34,6 +41,20 @@ class LoaderRemedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
         return {name: getattr(self, name) for name in LOADER_SETTINGS if getattr(self, name) is not None}
 
 
+TIERS = ("same", "numerics")  # a fix that keeps the computation; one that changes its numerics
+# torch.optim's choices of implementation a remedy may make: one fused kernel for every tensor, or the foreach one.
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach")
+
+
+class OptimizerRemedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """The implementation of the optimizers built at `at` ("file:line"; every torch.optim optimizer when None):
+    "fused" (one kernel for every tensor, where torch has one for the optimizer and the parameters' device; else
+    foreach) or "foreach"."""
+
+    at: str | None = None
+    implementation: str = "fused"
+
+
 class Remedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """What a try changes. `rank`: only that rank of a job (None: every process that runs the script's code)."""
 
@@ -42,6 +63,18 @@ class Remedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     start_method: str | None = None
     non_blocking_batches: bool = False  # copies of pinned loader batches to the GPU get non_blocking=True
     rank: int | None = None
+    optimizer: OptimizerRemedy | None = None
+    # PYTORCH_CUDA_ALLOC_CONF settings added before CUDA starts ("expandable_segments:True")
+    alloc_conf: str | None = None
+    # -- fixes that change the numerics (tier "numerics") --
+    matmul_precision: str | None = None  # torch.set_float32_matmul_precision: "high" runs fp32 matmuls in TF32
+    autocast: str | None = None  # a dtype ("bfloat16"): autocast around each call of the outermost model
+    compile: str | None = None  # a torch.compile backend ("inductor"): the outermost model compiled in place
+
+    @property
+    def tier(self) -> str:
+        """"numerics" when the remedy changes what the step computes (precision, compilation), else "same"."""
+        return "numerics" if (self.matmul_precision or self.autocast or self.compile) else "same"
 
     def describe(self) -> str:
         """What the try changes, in the script's terms: 'DataLoader(num_workers=6, persistent_workers=True) at
@@ -59,8 +92,25 @@ class Remedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
             parts.append(f'multiprocessing start method "{self.start_method}"')
         if self.non_blocking_batches:
             parts.append("non_blocking=True on copies of the loader's pinned batches")
+        parts += self._step_parts()
         text = "; ".join(parts) or "nothing"
         return text if self.rank is None else f"{text}, on rank {self.rank}"
+
+    def _step_parts(self) -> list[str]:
+        """What the remedy changes in the step itself, in the script's terms."""
+        parts = []
+        if self.optimizer is not None:
+            where = f" at {self.optimizer.at}" if self.optimizer.at else ""
+            parts.append(f"optimizer({self.optimizer.implementation}=True){where}")
+        if self.alloc_conf is not None:
+            parts.append(f"PYTORCH_CUDA_ALLOC_CONF={self.alloc_conf}")
+        if self.matmul_precision is not None:
+            parts.append(f'torch.set_float32_matmul_precision("{self.matmul_precision}")')
+        if self.autocast is not None:
+            parts.append(f"torch.autocast(dtype=torch.{self.autocast}) around the model's calls")
+        if self.compile is not None:
+            parts.append(f'model.compile(backend="{self.compile}") on the model the loop calls')
+        return parts
 
     def to_json(self) -> dict[str, Any]:
         return cast("dict[str, Any]", msgspec.to_builtins(self))

@@ -7,6 +7,7 @@ from __future__ import annotations
 CATEGORIES = (
     "data_starvation", "blocking_copy", "sync_point", "gil_contention", "small_batch", "fork_after_cuda",
     "cpu_oversubscription", "cpu_contention", "host_memory_pressure", "straggler", "communication",
+    "precision", "optimizer", "compile", "periodic_stall", "gpu_memory", "startup",
 )
 SEVERITIES = ("info", "warning", "critical")
 ENTRY_POINT_GROUP = "gpudoctor.rules"

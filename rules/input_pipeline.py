@@ -92,9 +92,9 @@ def _suggested_workers(run: Run, load_s: float, compute_s: float, loading: Loadi
         waits = (f"; loading waits {loading.io_share:.0%} of its time on I/O and uses {loading.cpu_share:.0%} of a "
                  f"core, so more workers than {the_cores} help")
         return Workers(count, enough + (waits if count > (cores or 2) else ""))
-    if capped and count + 1 > (cores or 2):  # the smallest hosts: the workers share the cores with the training process
-        return Workers(count, f"on {_cores(cores or 2)}{shared}: more workers than the cores left beside the training process, "
-                              "which mostly waits for their batches")
+    if capped and count + 1 > (cores or 2):  # the smallest hosts: the workers share the cores with the trainer
+        return Workers(count, f"on {_cores(cores or 2)}{shared}: more workers than the cores left beside the "
+                              "training process, which mostly waits for their batches")
     if capped:
         return Workers(count, f"as many as {the_cores} allow, one kept for the training process")
     return Workers(count, enough)

@@ -8,11 +8,15 @@ view each now lives on; the old names still answer, with a `RunNameMoved` warnin
 from gpudoctor.analysis.batch_growth import BatchGrowth
 from gpudoctor.analysis.budget import Budget
 from gpudoctor.analysis.call_sites import CallSites
+from gpudoctor.analysis.compiles import Compiles, GraphBreak, Recompiles
 from gpudoctor.analysis.data_wait import DataWait
 from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader_setting, settings_location
+from gpudoctor.analysis.fusion import Fusion
 from gpudoctor.analysis.gpu import GpuView
+from gpudoctor.analysis.gpu_memory import GpuMemory, OutOfMemory, gpu_memory, out_of_memory
 from gpudoctor.analysis.gpu_work import GpuWork, Launches
 from gpudoctor.analysis.host_view import HostView
+from gpudoctor.analysis.job_time import JobTime
 from gpudoctor.analysis.loader_cpu import (
     LoadingTime,
     cores_per_rank,
@@ -21,8 +25,12 @@ from gpudoctor.analysis.loader_cpu import (
     loading_time,
     worker_cpu_per_batch_s,
 )
+from gpudoctor.analysis.optimizers import OptimizerInfo, optimizer_step_s
+from gpudoctor.analysis.precision import Precision
 from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
 from gpudoctor.analysis.settings import FlagValue, Setting, call_of, flag_value, setting_at
+from gpudoctor.analysis.stalls import Stall, Stalls
+from gpudoctor.analysis.startup import PHASE_NAMES, Startup
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.timebase import StepTime
 from gpudoctor.analysis.trace import GpuOp
@@ -45,10 +53,12 @@ from gpudoctor.analysis.views import (
 )
 
 __all__ = [
-    "MOVED", "BatchGrowth", "Budget", "CallSites", "CopySite", "DataWait", "Env", "Exit", "FlagValue", "ForkInfo",
-    "GilStats", "GpuOp", "GpuView", "GpuWork", "HostView", "Launches", "LoaderInfo", "LoaderView", "LoadingTime",
-    "Location", "NotEvaluated", "ProcessInfo", "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Step",
-    "StepTime", "StepView", "SyncSite", "ThreadInfo", "WindowInfo", "batch_setting", "call_of", "compile_setting",
-    "cores_per_rank", "flag_value", "loader_limit_s", "loader_setting", "loader_workers", "loading_time", "setting_at",
-    "settings_location", "worker_cpu_per_batch_s",
+    "MOVED", "PHASE_NAMES", "BatchGrowth", "Budget", "CallSites", "Compiles", "CopySite", "DataWait", "Env", "Exit",
+    "FlagValue", "ForkInfo", "Fusion", "GilStats", "GpuMemory", "GpuOp", "GpuView", "GpuWork", "GraphBreak",
+    "HostView", "JobTime", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location", "NotEvaluated",
+    "OptimizerInfo", "OutOfMemory", "Precision", "ProcessInfo", "Recompiles", "Run", "RunNameMoved", "Samples",
+    "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime", "StepView", "SyncSite", "ThreadInfo",
+    "WindowInfo", "batch_setting", "call_of", "compile_setting", "cores_per_rank", "flag_value", "gpu_memory",
+    "loader_limit_s", "loader_setting", "loader_workers", "loading_time", "optimizer_step_s", "out_of_memory",
+    "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

@@ -60,8 +60,14 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
     "data_starvation": ("data_wait",), "cpu_oversubscription": ("data_wait",), "blocking_copy": ("copy", "sync"),
     "sync_point": ("sync",), "small_batch": ("host", "unexplained"),
     "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
-    "straggler": ("collective",), "communication": ("collective",),
+    "straggler": ("collective",), "communication": ("collective",), "precision": ("gpu_busy",),
+    "optimizer": ("host", "unexplained"), "compile": ("host", "unexplained"), "gpu_memory": ("host", "unexplained"),
 }
+# Categories whose findings name a cause of the time another category's claim also holds: the GPU idles while the
+# host launches a per-tensor optimizer loop or unfused elementwise kernels, or waits in cudaMalloc and cudaFree,
+# idle that a launch-bound step's finding (small_batch) claims as a whole. They draw on that category's share
+# first, so that no ms is counted twice and the cause named keeps its time (engine.runner.within_slices).
+CLAIMED_WITHIN: dict[str, str] = {"optimizer": "small_batch", "compile": "small_batch", "gpu_memory": "small_batch"}
 
 
 # The slices in which the GPU idles (a blocking copy's slice also holds copies with no kernel beside them).

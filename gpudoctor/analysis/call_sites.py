@@ -1,15 +1,17 @@
-"""`CallSites`: the lines of the script that one profiling window saw it run, built once: its DataLoaders, its copies
-and synchronizing calls per line, the lines the host spent its time on, and where it calls its model and backward."""
+"""`CallSites`: the lines of the script that one profiling window saw it run, built once: its DataLoaders and
+optimizers, its copies and synchronizing calls per line, the lines the host spent its time on, and where it calls
+its model and backward."""
 
 from __future__ import annotations
 
 from functools import cached_property
 
 from gpudoctor.analysis.events import EventsOf
+from gpudoctor.analysis.optimizers import OptimizerInfo, optimizers
 from gpudoctor.analysis.sites import copy_sites, sync_sites
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.views import CopySite, LoaderInfo, LoaderView, Location, SyncSite
-from gpudoctor.bundle.events import BackwardSiteEvent, ForwardSiteEvent, HostLinesEvent, LoaderEvent
+from gpudoctor.bundle.events import BackwardSiteEvent, ForwardSiteEvent, HostLinesEvent, LoaderEvent, OptimizerEvent
 
 
 class CallSites:
@@ -21,6 +23,11 @@ class CallSites:
     @cached_property
     def loader(self) -> LoaderView:
         return LoaderView([_loader_info(e) for e in self._events(LoaderEvent)])
+
+    @cached_property
+    def optimizers(self) -> list[OptimizerInfo]:
+        """The optimizers the script stepped, where each was built and how its step updates its tensors."""
+        return optimizers(self._events(OptimizerEvent))
 
     @cached_property
     def copies(self) -> list[CopySite]:

@@ -21,8 +21,12 @@ from gpudoctor.bundle import trace_name
 from gpudoctor.bundle.events import (
     AnyEvent,
     BackwardSiteEvent,
+    CompileEvent,
     ForwardSiteEvent,
     HostLinesEvent,
+    LoaderStartEvent,
+    LossEvent,
+    PauseEvent,
     StepEvent,
     StepSourceEvent,
     WindowEvent,
@@ -128,6 +132,10 @@ def _shifted(event: E, by: int) -> E:
         return msgspec.structs.replace(event, at_step=max(0, event.at_step - by))
     if isinstance(event, WindowEvent) and event.first_step is not None:
         return msgspec.structs.replace(event, first_step=max(0, event.first_step - by))
+    if isinstance(event, PauseEvent | LoaderStartEvent | CompileEvent):  # what happened in a step, by its number
+        return msgspec.structs.replace(event, step=max(0, event.step - by))
+    if isinstance(event, LossEvent):
+        return msgspec.structs.replace(event, steps=[max(0, step - by) for step in event.steps])
     return event
 
 

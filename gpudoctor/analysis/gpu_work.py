@@ -1,6 +1,6 @@
 """`GpuWork`: the GPU's work over one profiling window's steps, built once: each step split into the budget's
-slices, the GPU's work and idle per step, the idle that synchronizing calls explain, the kernels the steps launch and
-how they launch them."""
+slices, the GPU's work and idle per step, the idle that synchronizing calls explain, the kernels the steps launch,
+how they launch them and the precision their matrix math runs in."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from functools import cached_property
 from gpudoctor.analysis.budget import idle_in_syncs, step_splits
 from gpudoctor.analysis.collectives import collective_only_s
 from gpudoctor.analysis.events import TRACED_WINDOW_STATES
+from gpudoctor.analysis.fusion import Fusion, fusion
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.gpu_ops import GpuOps
 from gpudoctor.analysis.kernels import kernels_in_steps
+from gpudoctor.analysis.precision import Precision, precision
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.trace import GRAPH_LAUNCH, TraceData
 from gpudoctor.analysis.views import Step
@@ -127,6 +129,20 @@ class GpuWork:
         return Launches(len(steps), wall, busy_share=sum(s.gpu_busy_s or 0.0 for s in steps) / wall,
                         wait_share=sum(s.data_wait_s for s in steps) / wall,
                         stalled_share=(self.sync_stall_s or 0.0) / wall, durations=durations)
+
+    @cached_property
+    def precision(self) -> Precision | None:
+        """The placed steps' kernels by the precision their matrix math runs in, on the device they train on
+        (analysis.precision); None without kernels in them."""
+        kernels, gpu = self.kernels, self.gpu
+        if kernels is None or gpu is None:
+            return None
+        return precision(kernels, len(self.placed_steps), self._trace, gpu.primary_device)
+
+    @cached_property
+    def fusion(self) -> Fusion | None:
+        """The share of the placed steps' kernels torch.compile would fuse (analysis.fusion); None without kernels."""
+        return fusion(self.kernels) if self.kernels is not None else None
 
     @cached_property
     def replays_cuda_graphs(self) -> bool:

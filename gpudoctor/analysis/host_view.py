@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from gpudoctor.analysis.events import EventsOf
+from gpudoctor.analysis.gpu_memory import OutOfMemory, out_of_memory
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.threads import python_threads_sharing
@@ -22,6 +23,7 @@ from gpudoctor.analysis.views import (
 )
 from gpudoctor.bundle.events import (
     ForkEvent,
+    OomEvent,
     ProcessFacts,
     ProcessStartEvent,
     ThreadStartEvent,
@@ -169,3 +171,8 @@ class HostView:
         exception = info.exception or ExceptionInfo()
         return Exit(info.ending, info.status, exception.exception, exception.message,
                     Location.from_site(exception.where))
+
+    @cached_property
+    def out_of_memory(self) -> OutOfMemory | None:
+        """Where the GPU's memory was when CUDA ran out of it and ended the script; None when it did not."""
+        return out_of_memory(self._events(OomEvent))

@@ -18,6 +18,7 @@ from gpudoctor.analysis.events import RunEvents
 from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.gpu_work import GpuWork, gpu_view, memory_headroom
 from gpudoctor.analysis.host_view import HostView
+from gpudoctor.analysis.job_time import JobTime
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
 from gpudoctor.analysis.timebase import (
@@ -53,11 +54,12 @@ class Run:
     """One profiled run. Build it with `Run.from_bundle(path)` or `Run.from_trace(path)`.
 
     Its figures come from a few views, each built once from what it needs: `step_view` (the steps), `gpu_work`
-    (the GPU's work, split step by step), `host` (the script's processes, threads and samples, and the machine)
-    and `sites` (the lines of the script the hooks saw). The run itself holds the steps analysed (`steps`, the
-    step view's) and the figures that several views make: the step at the run's pace (`pace`), the data wait, and
-    the time budget; the rest is read on the views (`run.sites.loader`, `run.host.env`). The names rules read on
-    the run before the views (MOVED) still answer, each with a RunNameMoved warning.
+    (the GPU's work, split step by step), `host` (the script's processes, threads and samples, and the machine),
+    `sites` (the lines of the script the hooks saw) and `job_time` (start-up, stalls, compilation). The run itself
+    holds the steps analysed (`steps`, the step view's) and the figures that several views make: the step at the
+    run's pace (`pace`), the data wait, and the time budget; the rest is read on the views (`run.sites.loader`,
+    `run.host.env`). The names rules read on the run before the views (MOVED) still answer, each with a
+    RunNameMoved warning.
 
     `steps` are the steps analysed: those of the profiler's active window when it recorded, otherwise
     every step after the window's `wait` (start-up is not representative), otherwise all of them.
@@ -180,6 +182,11 @@ class Run:
         """The script's processes, threads and samples, and the machine (analysis.host_view)."""
         return HostView(self.manifest, self.events, self.step_view, self._host_samples, self._proc_samples,
                         self._gpu_samples)
+
+    @cached_property
+    def job_time(self) -> JobTime:
+        """Where the job's time goes outside its steady steps: start-up, stalls, compilation (analysis.job_time)."""
+        return JobTime(self.manifest, self.events, self.step_view, lambda: self.pace.seconds)
 
     @cached_property
     def sites(self) -> CallSites:

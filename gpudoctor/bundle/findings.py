@@ -72,6 +72,9 @@ class _TriedFields(TypedDict):
     speedup: float | None
     steps: int | None
     reason: str | None
+    tier: str | None  # same | numerics (gpudoctor.remedy.TIERS); None for a finding without a remedy
+    loss_delta: float | None  # how far the loss moved against the diagnosed run's, relative; None: not compared
+    compile_s: float | None  # a try that compiles the model: the compile time, apart from the steps it times
 
 
 class TriedJson(_TriedFields, total=False):
@@ -185,7 +188,11 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     `steps` steps) with `speedup` = the diagnosed run's step over it; or why it failed or could not be tried
     (`reason`, one sentence). `changes`: each setting the try changed, per rank, as the try's bundle has it;
     `fix_of`: the finding whose fix this is, when it is another's (a straggler's, whose cause that finding names);
-    `not_as_predicted`: how the try differs from the fix the finding's prediction assumes, and what each assumes."""
+    `not_as_predicted`: how the try differs from the fix the finding's prediction assumes, and what each assumes.
+    `tier`: whether the fix keeps the computation ("same", tried by --try-fixes) or changes its numerics
+    ("numerics", tried only by --try-fixes=all); `loss_delta`: how far the loss handed to backward() moved over the
+    steps both runs recorded, relative to the diagnosed run's (gpudoctor.trying.numerics); `compile_s`: for a fix
+    that compiles the model, the seconds torch.compile took, reported apart from the steps timed after it."""
 
     what: ClassVar[str] = "tried fix"
     status: str
@@ -197,6 +204,9 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     changes: list[TriedChange] | None = None
     fix_of: str | None = None
     not_as_predicted: str | None = None
+    tier: str | None = None
+    loss_delta: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    compile_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
 
     def to_json(self) -> TriedJson:
         plain = cast("TriedJson", self._plain())

@@ -90,9 +90,36 @@ FormatOption = Annotated[list[str] | None, typer.Option(
     help="text (the summary, on stderr), json (findings.json), html (report.html): repeatable or "
          "comma-separated. Default: all three.")]
 TryFixesOption = Annotated[bool, typer.Option(
-    "--try-fixes", help="Then run the script again once per finding whose fix gpudoctor can apply at run time "
-                        "(DataLoader settings, threads, start method, non-blocking copies), with that fix, and "
-                        "measure its step: each try in RUN/tries/CODE/, its speed-up on the finding.")]
+    "--try-fixes", help="Then run the script again once per finding whose fix gpudoctor can apply at run time and "
+                        "that keeps the computation (DataLoader settings, threads, start method, non-blocking "
+                        "copies, a fused optimizer, the allocator's settings), with that fix, and measure its step: "
+                        "each try in RUN/tries/CODE/, its speed-up on the finding. --try-fixes=all also tries the "
+                        "fixes that change the numerics (TF32, bf16 autocast, torch.compile), each with how far the "
+                        "loss moved.")]
+# `--try-fixes=all`, as typed, becomes `--try-fixes` and this hidden flag (try_fixes_all_args).
+TRY_ALL, TRY_NUMERICS = "--try-fixes=all", "--try-numerics"
+TryNumericsOption = Annotated[bool, typer.Option(
+    TRY_NUMERICS, hidden=True, help="With --try-fixes, also the fixes that change the numerics.")]
+
+
+def try_fixes_all_args(args: list[str], takes_value: set[str]) -> list[str]:
+    """The command line with `--try-fixes=all` among gpudoctor's own options (before the script) read as
+    `--try-fixes --try-numerics`: a flag that takes a value would swallow the script's name."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--" or not arg.startswith("-"):
+            return out + args[i:]
+        if arg == TRY_ALL:
+            out += ["--try-fixes", TRY_NUMERICS]
+        else:
+            out.append(arg)
+            if arg in takes_value and i + 1 < len(args):
+                out.append(args[i + 1])
+                i += 1
+        i += 1
+    return out
 TryStepsOption = Annotated[int | None, typer.Option(
     metavar="N", min=1, help="Steps each try runs (default: as many as the diagnosed run, at most 200 after the "
                              "profiling window).",

@@ -18,6 +18,7 @@ from gpudoctor.cli.app import (
     RuleTimeoutOption,
     SelectOption,
     TryFixesOption,
+    TryNumericsOption,
     TryStepsOption,
     TryTimeoutOption,
     _check_fail_on,
@@ -31,6 +32,7 @@ from gpudoctor.cli.app import (
     _selection,
     app,
     tried_into,
+    try_fixes_all_args,
 )
 from gpudoctor.cli.misplaced import PROFILE_ARGS, end_options_after_module, misplaced_options, profile_options
 from gpudoctor.collect.config import WindowConfig
@@ -56,7 +58,7 @@ class _ProfileCommand(_Command):
     def parse_args(self, ctx: _ClickContext, args: list[str]) -> list[str]:
         ctx.meta[PROFILE_ARGS] = list(args)  # as typed: a misplaced option is shown moved within them
         takes_value = {name for name, takes in profile_options(self).items() if takes}
-        return super().parse_args(ctx, end_options_after_module(args, takes_value))
+        return super().parse_args(ctx, end_options_after_module(try_fixes_all_args(args, takes_value), takes_value))
 
     def collect_usage_pieces(self, ctx: _ClickContext) -> list[str]:
         return ["[OPTIONS]", "SCRIPT", "[ARGS]..."]
@@ -102,6 +104,7 @@ def profile(
     rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None, fail_on: FailOnOption = None,
     output_formats: FormatOption = None,
     try_fixes: TryFixesOption = False, try_steps: TryStepsOption = None, try_timeout: TryTimeoutOption = None,
+    try_numerics: TryNumericsOption = False,
     remedy: Annotated[str | None, typer.Option(
         hidden=True, help="A try's fix, as JSON (gpudoctor.remedy.Remedy): how a torchrun job's tries reach its "
                           "ranks.")] = None,
@@ -122,7 +125,7 @@ def profile(
         args.insert(0, script)
         script = None
     selection = _RuleArgs(rules, select, ignore, rule_option, rule_timeout)
-    tries = TrySettings(try_steps, try_timeout) if try_fixes else None
+    tries = TrySettings(try_steps, try_timeout, numerics=try_numerics) if try_fixes else None
     if is_torchrun(script, module):
         _duration_s(every)  # checked here as well as in each rank, so that a bad value costs no job
         ran = _run_torchrun(_torchrun_job(args), out, _rank_options(ctx), selection)

@@ -46,6 +46,9 @@ def try_fixes(
         "--finding", metavar="CODE", help="Try only this finding's fix (a code, or a prefix of codes).",
         show_default=False)] = None,
     try_steps: TryStepsOption = None, try_timeout: TryTimeoutOption = None,
+    try_all: Annotated[bool, typer.Option(
+        "--all", help="Also the fixes that change the numerics (TF32, bf16 autocast, torch.compile), each with how "
+                      "far the loss moved.")] = False,
     rules: RulesOption = None, select: SelectOption = None, ignore: IgnoreOption = None,
     rule_option: RuleOptionOption = None, rule_timeout: RuleTimeoutOption = None,
     output_formats: FormatOption = None,
@@ -66,6 +69,6 @@ def try_fixes(
     pipeline.refuse_project_inside([run_dir])
     prepared = _prepare(_selection(rules, select, ignore, rule_option, rule_timeout))
     diagnosis = pipeline.diagnose([run_dir], prepared)  # a job (torchrun's, or ranks the script started): merged
-    settings = TrySettings(try_steps, try_timeout, finding)
+    settings = TrySettings(try_steps, try_timeout, finding, numerics=try_all)
     confirmed = pipeline.confirm_tries(diagnosis, settings, yes)  # raises unless its user said yes, or nothing runs
     tried_into(diagnosis, run_dir, settings, formats, confirmed)

@@ -17,17 +17,23 @@ from typing import Any
 
 from gpudoctor.bundle.events import TorchEvent
 from gpudoctor.collect import process_hooks, window_hooks
+from gpudoctor.collect.compile_safe import quietly
 from gpudoctor.collect.gilprobe import GilProbe
 from gpudoctor.collect.hostlines import HostLines
 from gpudoctor.collect.loader_hooks import LoaderHooks
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
 from gpudoctor.collect.remedies import Remedies, for_this_process
+from gpudoctor.collect.step_costs import StepCosts
 from gpudoctor.collect.step_hooks import KeptHooks, find_outermost_model, hook_backward_steps
 from gpudoctor.collect.torch_import import TorchImportWatcher
 from gpudoctor.remedy import Remedy
 
 perf_counter = time.perf_counter
+
+
+def _unsaid(change: str) -> None:
+    """No try, no change to say."""
 
 
 class Instrumentation:
@@ -45,6 +51,7 @@ class Instrumentation:
         remedy = for_this_process(Remedy.from_json(recorder.config.remedy) if recorder.config.remedy else None)
         self.remedies = Remedies(remedy, recorder.emit) if remedy is not None else None
         self.loaders = LoaderHooks(self.remedies)
+        self.costs = StepCosts(recorder, remedy, self.remedies.said if self.remedies is not None else _unsaid)
         recorder.on_window_change(self._on_window_change)
 
     # -- installation ----------------------------------------------------------------------------
@@ -54,10 +61,11 @@ class Instrumentation:
         self._patch_threads()
         self._patch_processes()
         process_hooks.watch_forks(self.recorder)
+        self.costs.install()
         if "torch" in sys.modules:
             self.on_torch_imported()
         else:
-            sys.meta_path.insert(0, TorchImportWatcher(self.on_torch_imported))
+            sys.meta_path.insert(0, TorchImportWatcher(self.on_torch_imported, self.costs.startup.torch_imported))
 
     def on_torch_imported(self) -> None:
         import torch
@@ -68,7 +76,8 @@ class Instrumentation:
         self._hook_optimizers()
         process_hooks.patch_process_group(self._always, self.recorder)
         hook_backward_steps(self.recorder, self._always)
-        find_outermost_model(self.recorder, self._step_hooks, self._kept_hooks)
+        self.costs.on_torch_imported(self._always, self.loaders.numbers)
+        find_outermost_model(self.recorder, self._step_hooks, self._kept_hooks, self.costs.on_model)
         self.recorder.emit(TorchEvent(version=torch.__version__, cuda_build=torch.version.cuda,
                                       cuda_built=torch.backends.cuda.is_built()))
 
@@ -86,6 +95,7 @@ class Instrumentation:
         self._remove_hooks()
 
     def _remove_hooks(self) -> None:
+        self.costs.uninstall()
         for handle in [*self._step_hooks, *self._optimizer_hooks]:
             handle.remove()
         self._step_hooks.clear()
@@ -102,7 +112,7 @@ class Instrumentation:
     def _hook_optimizers(self) -> None:
         from torch.optim import optimizer
 
-        recorder, markers, local = self.recorder, self.recorder.markers, self._local
+        recorder, markers, local, optimizers = self.recorder, self.recorder.markers, self._local, self.costs.optimizers
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             local.optimizer = (markers.begin("optimizer"), perf_counter(), recorder.timed_inside())
@@ -112,6 +122,7 @@ class Instrumentation:
             markers.end(handle)
             # A closure run inside step() (Lightning's, LBFGS's) is timed as forward and backward: not again here.
             inside = max(0.0, recorder.timed_inside() - before)
+            quietly(optimizers.stepped, opt)
             recorder.on_optimizer_step(opt, max(0.0, perf_counter() - started - inside))
 
         self._optimizer_hooks += [optimizer.register_optimizer_step_pre_hook(pre),

@@ -35,6 +35,7 @@ from gpudoctor.bundle.events import (
 from gpudoctor.bundle.records import Site
 from gpudoctor.collect import window as window_states
 from gpudoctor.collect.config import ChildConfig
+from gpudoctor.collect.gpu_memory import cuda_memory
 from gpudoctor.collect.markers import NO_TOOL, Markers
 from gpudoctor.collect.stepless import StepLessProbe
 from gpudoctor.collect.window import ProfilerWindow
@@ -141,6 +142,8 @@ class Recorder:
         self._disabled = False
         self._window_listeners: list[Callable[[bool], None]] = []
         self._max_steps_listeners: list[Callable[[], None]] = []
+        self._step_end_listeners: list[Callable[[int], None]] = []
+        self._finish_listeners: list[Callable[[ExceptionDetails | None], None]] = []
         self.current = self._new_step()
         self._stopping = False
         self._stepless = StepLessProbe(lambda: self.completed, self.emit, config.gil_probe_interval_s)
@@ -177,6 +180,15 @@ class Recorder:
     def on_max_steps(self, listener: Callable[[], None]) -> None:
         """Call `listener()` when --max-steps stops the script, just before it is stopped."""
         self._max_steps_listeners.append(listener)
+
+    def on_step_end(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(step)` once each step has ended and its event is written: what it recorded of that step."""
+        self._step_end_listeners.append(listener)
+
+    def on_finishing(self, listener: Callable[[ExceptionDetails | None], None]) -> None:
+        """Call `listener(exception)` as the process finishes, before the window's trace is written: what the script
+        raised (None when it did not)."""
+        self._finish_listeners.append(listener)
 
     # -- step sources ----------------------------------------------------------------------------
     def _claims(self, source: str) -> bool:
@@ -292,8 +304,11 @@ class Recorder:
             self.current = StepRecord(self.completed, time.time(), time.perf_counter(), finished.window,
                                       finished.window_index)
         hooked_before = self.window.attributing
-        memory = _cuda_memory() if finished.window in IN_WINDOW else None
+        memory = cuda_memory() if finished.window in IN_WINDOW else None
         self.emit(finished.to_event(time.time(), time.perf_counter(), self.source or "none", memory, ends_run))
+        for told in self._step_end_listeners:
+            with contextlib.suppress(Exception):  # what a listener records is gpudoctor's, never the script's
+                told(finished.index)
         self.window.on_step_completed(self.completed)
         self.markers.annotate = self.window.recording and self.window.cpu_ops
         self.current.window = self.window.state_for_step(self.completed)
@@ -337,6 +352,9 @@ class Recorder:
             return
         self._end_last_counted_step()
         self._stepless.finish()
+        for listener in self._finish_listeners:
+            with contextlib.suppress(Exception):  # the process ends as it would without gpudoctor
+                listener(exception)
         self.close_window(final=True)
         what, message, where = exception if exception is not None else (None, None, None)
         self.emit(EndEvent(reason=reason, steps=self.completed, pid=os.getpid(), code=code, exception=what,
@@ -355,14 +373,6 @@ def _reference(obj: object) -> Callable[[], object]:
 def _counted(step: StepRecord, source: str | None) -> bool:
     """Whether the step a backward() or forward source was counting has begun (the next call would end it)."""
     return (source == "backward" and step.backwards > 0) or (source == "forward" and step.forwards > 0)
-
-
-def _cuda_memory() -> CudaMemory | None:
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    return CudaMemory(allocated=torch.cuda.memory_allocated(), reserved=torch.cuda.memory_reserved(),
-                      max_allocated=torch.cuda.max_memory_allocated())
 
 
 _active: Recorder | None = None

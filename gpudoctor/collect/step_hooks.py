@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from gpudoctor.collect.compile_safe import compiling_check, hide_global_hook_warning
+from gpudoctor.collect.compile_safe import compiling_check, hide_global_hook_warning, quietly
 from gpudoctor.collect.patches import Patches
 from gpudoctor.collect.recorder import Recorder
 
@@ -60,11 +60,13 @@ class _Stop:
         self._hooks.timing = None
 
 
-def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks) -> None:
+def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks,
+                         on_found: Callable[[Any], None] | None = None) -> None:
     """Watch every module call until the first outermost one returns, then only that module: its calls mark
     the steps of a loop with neither optimizer, backward() nor DataLoader (an inference loop). A hook on every
     module call costs microseconds each; one on the outermost module, one call a step. `handles` collects the
-    hooks, for removal at the end. A compiled model keeps the hooks (`kept`): see KeptHooks."""
+    hooks, for removal at the end. A compiled model keeps the hooks (`kept`): see KeptHooks. `on_found` is told of
+    the model once it is found (a try's remedy compiles it, or runs it under autocast)."""
     from torch.nn.modules import module
 
     local = threading.local()  # per thread: how deep in module calls
@@ -91,7 +93,7 @@ def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth == 0 and not found:
             found.append(True)
-            if _compiled(mod):
+            if compiled(mod):
                 kept.kept = True
             else:
                 for handle in handles:
@@ -99,6 +101,8 @@ def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks
                 handles.clear()
             recorder.on_forward()  # the call that just ended was the first of the loop's
             handles.append(_watch_calls(mod, recorder.on_forward))
+            if on_found is not None:
+                quietly(on_found, mod)
 
     try:  # always_call: a forward that raises still leaves its depth
         post_handle = module.register_module_forward_hook(post, always_call=True)
@@ -107,7 +111,7 @@ def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks
     handles.extend([module.register_module_forward_pre_hook(pre), post_handle])
 
 
-def _compiled(mod: Any) -> bool:
+def compiled(mod: Any) -> bool:
     """A model that torch.compile compiled: torch.compile(model)'s OptimizedModule, or model.compile()."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     optimized = getattr(eval_frame, "OptimizedModule", None)

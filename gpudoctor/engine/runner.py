@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.budget import SLICES_OF_CATEGORY, Budget
+from gpudoctor.analysis.budget import CLAIMED_WITHIN, SLICES_OF_CATEGORY, Budget
 from gpudoctor.analysis.shares import claim_budget
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction, rule_of
@@ -117,6 +117,12 @@ def _claim_order(record: FindingRecord) -> tuple[int, float, str]:
     return -SEVERITIES.index(record.severity), -(record.impact or 0.0), record.code
 
 
+def _pool_order(record: FindingRecord) -> tuple[bool, int, float, str]:
+    """Who keeps a share of the budget first: a finding that names a cause within another category's share
+    (CLAIMED_WITHIN), then as `_claim_order`."""
+    return (record.category not in CLAIMED_WITHIN, *_claim_order(record))
+
+
 def one_claim_per_share(records: list[FindingRecord], claims: Mapping[str, str]) -> list[FindingRecord]:
     """Of the findings on one line (or without one) whose rules claim the same share of the step, the most severe
     (then the largest) keeps its impact; the others keep their place and evidence, with no impact and a reason
@@ -158,7 +164,7 @@ def within_slices(records: list[FindingRecord], budget: Budget | None, idle: boo
     left = {s.name: s.share for s in budget.slices}
     holders: dict[str, FindingRecord] = {}
     kept: dict[int, FindingRecord] = {}
-    ordered = sorted(enumerate(records), key=lambda item: _claim_order(item[1]))
+    ordered = sorted(enumerate(records), key=lambda item: _pool_order(item[1]))
     for position, (index, record) in enumerate(ordered):
         later = {name for _, other in ordered[position + 1:] if other.impact is not None
                  for name in _claimed(other.category, idle)}

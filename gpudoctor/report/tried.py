@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpudoctor.report.numerics import numerics_note
 from gpudoctor.report.units import seconds
 
 # A try is shown as a gain (in words and in the report's green) only from this speed-up: two runs of the same
@@ -69,7 +70,8 @@ def tried_text(step_s: float | None, finding: Mapping[str, Any]) -> str:
         return f"{verb}: {tried['reason']}"
     predicted = predicted_s(step_s, finding)
     expected = f"predicted ~{seconds(predicted)}/step, " if predicted is not None else ""
-    return f"{expected}measured {seconds(tried['step_s'])}/step with the fix ({pace_text(tried['speedup'])})"
+    pace = pace_text(tried["speedup"])
+    return f"{expected}measured {seconds(tried['step_s'])}/step with the fix ({pace})" + numerics_note(tried)
 
 
 def tried_applied(finding: Mapping[str, Any]) -> str:

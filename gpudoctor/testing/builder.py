@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 import gpudoctor.testing.given as given
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.events import TRACED_WINDOW_STATES
@@ -189,6 +191,14 @@ class BundleBuilder:
         `thread_cores` has id `pid * 100 + i` (thread 0, the main thread, has id `pid`)."""
         self._spec.threads.append(ThreadStartEvent(name=name, daemon=daemon, native_id=native_id, target=target,
                                                    module=module, site=self._site(site, "thread")))
+        return self
+
+    def event(self, *records: AnyEvent) -> BundleBuilder:
+        """Events written as given (after the steps, before the end): what the recorder writes of an optimizer, a
+        pause, the start-up, a compilation, the losses (`gpudoctor.bundle.events`). One without a time `t` gets the
+        last step's end."""
+        t = self._spec.steps[-1].end if self._spec.steps else self.start
+        self._spec.recorded.extend(r if r.t is not None else msgspec.structs.replace(r, t=t) for r in records)
         return self
 
     def exit(self, ending: str = "completed", status: int = 0, *, exception: str | None = None,

@@ -52,6 +52,7 @@ def events(spec: BundleSpec) -> list[AnyEvent]:
     if spec.steps:
         out.append(StepSourceEvent(source=spec.steps[0].source, at_step=0, t=t0))
     out += _step_and_window_events(spec)
+    out += spec.recorded
     if spec.exit.ending not in KILLED:
         out.append(_end_event(spec))
     return out

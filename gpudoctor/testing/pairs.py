@@ -19,6 +19,9 @@ class FixturePair:
     # Compare time per sample: the twin makes its steps larger on purpose. The prediction is then the saving per
     # sample of a larger batch that GD301's evidence gives, not the share of the step its impact claims.
     per_sample: bool = False
+    # The evidence (a step in ms) the twin's step is predicted by, instead of the rules' impact: a finding with two
+    # fixes gives the step after the other as evidence (GD311's "step with bf16 autocast (est.)").
+    what_if: str | None = None
 
 
 PAIRS = (
@@ -44,4 +47,19 @@ PAIRS = (
     FixturePair(("GD501",), "threadpool_inference_bad", "threadpool_inference_fixed"),
     FixturePair(("GD503",), "cpu_oversubscription_bad", "cpu_oversubscription_fixed"),
     FixturePair(("GD504",), "cpu_contention_bad", "cpu_contention_fixed"),
+)
+
+# The slow-step pairs (precision, optimizer, compile, stalls, GPU memory, start-up), whose scripts wait in
+# fixtures/to_record/ for a GPU machine: each moves into PAIRS in the commit that adds its recordings, its rules'
+# predictions then held to the target by bench/validate_impacts.py. cudnn_benchmark_off and _on, the neutral knob, are
+# no pair: no rule may advise it.
+AWAITING_RECORDING = (
+    FixturePair(("GD311",), "precision_fp32_bad", "precision_tf32_fixed"),
+    FixturePair(("GD311",), "precision_fp32_bad", "precision_bf16_fixed", what_if="step with bf16 autocast (est.)"),
+    FixturePair(("GD312",), "optimizer_foreach_bad", "optimizer_fused_fixed"),
+    FixturePair(("GD313",), "elementwise_eager_bad", "elementwise_compiled_fixed"),
+    FixturePair(("GD314",), "recompiles_bad", "recompiles_fixed"),
+    FixturePair(("GD402",), "allocator_retries_bad", "allocator_expandable_fixed"),
+    FixturePair(("GD701",), "checkpoint_stall_bad", "checkpoint_stall_fixed"),
+    FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed"),
 )

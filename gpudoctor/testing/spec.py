@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpudoctor.bundle.events import (
+    AnyEvent,
     CopyRow,
     CudaDevice,
     CudaMemory,
@@ -182,6 +183,7 @@ class BundleSpec:
     forks: list[ForkEvent] = field(default_factory=list)
     started: list[ProcessStartEvent] = field(default_factory=list)
     forward_sites: list[ForwardSiteEvent] = field(default_factory=list)
+    recorded: list[AnyEvent] = field(default_factory=list)  # event(): written as given, after the steps
     threads: list[ThreadStartEvent] = field(default_factory=list)
     processes: list[ProcessSpec] = field(default_factory=list)
     host: HostSpec | None = None

@@ -45,6 +45,7 @@ from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
 from gpudoctor.trying.effect import applied_per_rank, effects, not_in_effect
+from gpudoctor.trying.numerics import not_in_tier, with_tier
 from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, remove, written_between
 from gpudoctor.trying.reconcile import with_borrowed_tries
 from gpudoctor.trying.settings import TrySettings
@@ -66,6 +67,12 @@ NOT_AT_RUN_TIME = {
     "GD204": "overlapping the copy with the step needs a prefetch of the next batch, an edit of the loop",
     "GD211": "a synchronization is a line of the script: removing it is an edit",
     "GD301": "the batch size is the script's own: a larger one changes what each step computes",
+    "GD312": "the optimizer is not one of torch.optim's: choosing another is an edit of the script",
+    "GD314": "a graph break or a recompilation is the script's code: removing it is an edit",
+    "GD701": "how often the script saves, evaluates or collects is its own: doing it less often or in the "
+             "background is an edit",
+    "GD702": "only a loader that starts its workers again at each epoch is tried (persistent workers): the rest of "
+             "the start-up is the script's own",
     "GD501": "moving work from threads to processes is an edit of the script",
     "GD401": "the host's memory is the machine's: the fix is fewer or smaller buffers in the script",
     "GD504": "the other programs on the host are not the script's: give the job its own cores",
@@ -202,12 +209,16 @@ class _Tries:
             return Tried(status="not_applicable", reason=NOT_AT_RUN_TIME.get(code, NOT_AT_RUN_TIME_DEFAULT))
         if remedy in self.measured:
             return self.measured[remedy]
+        refused = not_in_tier(remedy, self.settings.numerics)
+        if refused is not None:
+            return refused
         if self.kept is None and self.refused is None:
             self._keep_outputs()
         if self.refused is not None:
             return Tried(status="not_applicable", applied=remedy.describe(), reason=f"not tried: {self.refused}")
         self.say(f"trying {code}'s fix: {remedy.describe()}")
-        tried = self._run(self._folder(code), remedy)
+        folder = self._folder(code)
+        tried = with_tier(self._run(folder, remedy), remedy, self.diagnosed.run_dir, folder)
         self.measured[remedy] = tried
         return tried
 

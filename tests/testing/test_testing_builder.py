@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from gpudoctor import Finding, NotEvaluated, Run, bundle, rule
-from gpudoctor.bundle.events import EVENT_DECODER, EndEvent, StepEvent
+from gpudoctor.bundle.events import EVENT_DECODER, CudaMemory, EndEvent, StepEvent
 from gpudoctor.bundle.samples import GPU_ROWS, HOST_ROWS, PROCS_ROWS
 from gpudoctor.engine import load_rules, run_rules
 from gpudoctor.report import build_report
@@ -199,7 +199,7 @@ def test_steps_carry_the_given_times(tmp_path):
     assert (first.forward_s, first.backward_s, first.optimizer_s) == (approx(0.03), approx(0.06), approx(0.01))
     assert first.other_s == approx(0.2 - 0.05 - 0.03 - 0.06 - 0.01)
     assert first.gil.mean_s == approx(0.004) and first.gil.samples >= 1
-    assert msgspec.structs.asdict(first.cuda_memory) == {"allocated": 10, "reserved": 20, "max_allocated": 30}
+    assert first.cuda_memory == CudaMemory(allocated=10, reserved=20, max_allocated=30)
     assert [s.wall_s for s in run.steps[1:]] == [approx(0.1), approx(0.2), approx(0.3)]
     assert [s.index for s in run.steps] == [0, 1, 2, 3]
     for before, after in zip(run.steps, run.steps[1:]):

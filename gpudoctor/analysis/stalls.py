@@ -1,0 +1,131 @@
+"""Steps that stall now and then, and what stalled them: a checkpoint written, a garbage collection, an evaluation loop
+(collect.pauses), at the user's line.
+
+A step stalls when it takes more than STALL_FACTOR times the usual step (the median of the steady steps outside the
+profiler's warm-up and active steps, which it slows), or a pause recorded in it (a save, a collection) took as long
+as a usual step, and it is at least MIN_EXCESS_S longer than that step, in a run where at most MAX_STALLED_SHARE of
+the steps do (beyond that, slow steps are how the run steps). Its excess over the usual step
+is what the stall costs; an excess that is mostly a wait for data is the input pipeline's (a loader restarting its
+workers, or falling behind), not a stall's. Each stalled step is given to the pause that took most of its excess,
+else to the evaluation that began in it, else to no known cause; stalls of one cause at one line are counted
+together, with their period when they come every N steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+from gpudoctor.analysis.views import Location, Step
+from gpudoctor.bundle.events import LoaderStartEvent, PauseEvent
+
+STALL_FACTOR = 3.0
+MIN_EXCESS_S = 0.005
+# A step slow this often is the step, not a stall of it (a host short of CPU makes every other step slow).
+MAX_STALLED_SHARE = 1 / 3
+PROFILED = ("warmup", "active")  # the steps the profiler records, which it slows
+EXPLAINS = 0.3  # a pause that took this share of a stall's excess is its cause
+PERIODIC = 0.75  # stalls come every N steps when this share of the gaps between them is N, give or take one
+CAUSES = ("save", "checkpoint", "gc", "eval", "unknown")
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Stalls of one cause at one line: the steps that stalled, their excess over the usual step in all, the time
+    the cause's own calls took in them (0 for an evaluation or an unknown cause), and their period in steps when
+    they come every N steps."""
+
+    cause: str  # one of CAUSES
+    location: Location | None
+    steps: tuple[int, ...]
+    excess_s: float
+    cause_s: float
+    every: int | None
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """The steady steps' stalls: `usual_s` the usual step, `wall_s` the steps' time in all, over `steps` steps."""
+
+    usual_s: float
+    wall_s: float
+    steps: int
+    stalls: tuple[Stall, ...]
+
+    def share(self, stall: Stall) -> float:
+        """The share of the steps' time the stall costs."""
+        return stall.excess_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def stalls(steps: Sequence[Step], pauses: Iterable[PauseEvent],
+           loader_starts: Iterable[LoaderStartEvent] = ()) -> Stalls | None:
+    """The stalls of `steps` (the steady steps), given to the `pauses` recorded in them; None without enough steps.
+    The profiled steps, the first of the detail steps and of those after the window, and the steps in which a
+    DataLoader started its workers (`loader_starts`: an epoch's start, the start-up's analysis's) are left out."""
+    restarted = {e.step for e in loader_starts if e.workers > 0}
+    left_out = _first_of_each_state(steps) | restarted
+    kept = [s for s in steps if s.window not in PROFILED and s.index not in left_out]
+    if len(kept) < 3:
+        return None
+    usual = statistics.median(s.wall_s for s in kept)
+    usual_wait = statistics.median(s.data_wait_s for s in kept)
+    by_step: dict[int, list[PauseEvent]] = defaultdict(list)
+    for pause in pauses:
+        by_step[pause.step].append(pause)
+    groups: dict[tuple[str, Location | None], list[tuple[Step, float, float]]] = defaultdict(list)
+    for step in kept:
+        excess = step.wall_s - usual
+        paused = sum(p.seconds for p in by_step.get(step.index, []))
+        if excess < MIN_EXCESS_S or (step.wall_s < STALL_FACTOR * usual and paused < usual):
+            continue
+        if step.data_wait_s - usual_wait >= 0.5 * excess:
+            continue  # the input pipeline's: a loader restarting its workers, or falling behind
+        cause, location, seconds = _cause(by_step.get(step.index, []), excess)
+        groups[(cause, location)].append((step, excess, seconds))
+    if sum(len(rows) for rows in groups.values()) > MAX_STALLED_SHARE * len(kept):
+        groups.clear()
+    found = [Stall(cause, location, tuple(s.index for s, _, _ in rows), sum(e for _, e, _ in rows),
+                   sum(c for _, _, c in rows), _period([s.index for s, _, _ in rows]))
+             for (cause, location), rows in groups.items()]
+    found.sort(key=lambda stall: -stall.excess_s)
+    return Stalls(usual, sum(s.wall_s for s in kept), len(kept), tuple(found))
+
+
+def _first_of_each_state(steps: Sequence[Step]) -> set[int]:
+    """The first detail step and the first step after the window: gpudoctor's own work begins there (its hooks
+    put on, the profiler stopped), which no stall of the script's is."""
+    firsts: dict[str, int] = {}
+    for step in steps:
+        firsts.setdefault(step.window, step.index)
+    return {firsts[state] for state in ("detail", "closed") if state in firsts}
+
+
+def _cause(pauses: list[PauseEvent], excess: float) -> tuple[str, Location | None, float]:
+    """What stalled a step: the pause (by cause and line) that took the most of its `excess`, if it took at least
+    EXPLAINS of it; else the evaluation that began in it; else no known cause."""
+    timed: dict[tuple[str, Location | None], float] = defaultdict(float)
+    for pause in pauses:
+        if pause.cause != "eval":
+            timed[(pause.cause, Location.from_site(pause.site))] += pause.seconds
+    if timed:
+        (cause, location), seconds = max(timed.items(), key=lambda item: item[1])
+        if seconds >= EXPLAINS * excess:
+            return cause, location, seconds
+    evaluation = next((p for p in pauses if p.cause == "eval"), None)
+    if evaluation is not None:
+        return "eval", Location.from_site(evaluation.site), 0.0
+    return "unknown", None, 0.0
+
+
+def _period(indices: list[int]) -> int | None:
+    """N when the stalls come every N steps (PERIODIC of the gaps between them, give or take one, and N at least
+    2); else None."""
+    if len(indices) < 2:
+        return None
+    gaps = [b - a for a, b in pairwise(indices)]
+    common, _ = Counter(gaps).most_common(1)[0]
+    near = sum(1 for gap in gaps if abs(gap - common) <= 1)
+    return common if near >= PERIODIC * len(gaps) and common >= 2 else None

@@ -1,0 +1,113 @@
+"""What holds a step up now and then, outside its usual work: checkpoints written with torch.save, garbage
+collections, evaluation loops (the model put in eval mode). Always on, since the steps they stall are seldom the
+profiled ones: a wrapper call per save, a callback per collection, a wrapper call per `.eval()`.
+
+Each is kept with the step it happened in and written when that step ends (a collection's callback runs inside
+the allocation that triggered it, where writing a file could re-enter the writer); the recorder's
+`on_step_end` and `on_finishing` write them.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpudoctor.bundle.events import PauseEvent
+from gpudoctor.bundle.records import Site
+from gpudoctor.collect.callsite import user_location
+from gpudoctor.collect.compile_safe import compiling_check
+from gpudoctor.collect.patches import Patches
+from gpudoctor.collect.recorder import Recorder
+
+perf_counter = time.perf_counter
+# A collection of the youngest generations takes microseconds; one of the oldest, or one this long, is kept.
+GC_KEPT_S = 0.005
+MAX_PENDING = 1000  # pauses kept for one step at most (a script that saves in a loop)
+
+
+class PauseWatch:
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self._pending: list[PauseEvent] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._gc_started: float | None = None
+        self._eval_step = -1  # the step whose first .eval() was kept: one a step
+        self._gc_callback: Callable[[str, dict[str, Any]], None] | None = None
+
+    def install(self, patches: Patches) -> None:
+        import torch
+
+        compiling = compiling_check()
+        patches.wrap(torch, "save", self._timed("save", compiling))
+        patches.wrap(torch.nn.Module, "eval", self._marked_eval(compiling))
+        self._gc_callback = self._on_gc
+        gc.callbacks.append(self._gc_callback)
+        self.recorder.on_step_end(lambda step: self.flush())
+        self.recorder.on_finishing(lambda exception: self.flush())
+
+    def uninstall(self) -> None:
+        if self._gc_callback in gc.callbacks:
+            gc.callbacks.remove(self._gc_callback)
+
+    def flush(self) -> None:
+        """Write the pauses kept so far."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for event in pending:
+            self.recorder.emit(event)
+
+    def _keep(self, cause: str, seconds: float, site: Site | None) -> None:
+        if os.getpid() != self._pid:  # a forked child (a DataLoader worker) inherits the hooks, not the recording
+            return
+        event = PauseEvent(cause=cause, step=self.recorder.completed, seconds=seconds, site=site, t=time.time())
+        with self._lock:
+            if len(self._pending) < MAX_PENDING:
+                self._pending.append(event)
+
+    def _timed(self, cause: str, compiling: Callable[[], bool]) -> Callable[[Any], Any]:
+        keep = self._keep
+
+        def make(original: Any) -> Any:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                started = perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    if not compiling():
+                        keep(cause, perf_counter() - started, user_location())
+
+            return timed
+
+        return make
+
+    def _marked_eval(self, compiling: Callable[[], bool]) -> Callable[[Any], Any]:
+        """Module.eval that marks the step an evaluation starts in, with the user's line: once a step, so that a
+        script putting layers in eval mode one by one pays one look at its stack."""
+
+        def make(original: Any) -> Any:
+            def eval(module: Any) -> Any:
+                step = self.recorder.completed
+                if step != self._eval_step and not compiling():
+                    self._eval_step = step
+                    self._keep("eval", 0.0, user_location())
+                return original(module)
+
+            return eval
+
+        return make
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = perf_counter()
+            return
+        started, self._gc_started = self._gc_started, None
+        if started is None:
+            return
+        seconds = perf_counter() - started
+        if info.get("generation") == 2 or seconds >= GC_KEPT_S:
+            self._keep("gc", seconds, None)

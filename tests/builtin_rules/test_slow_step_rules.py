@@ -1,0 +1,267 @@
+"""The slow-step rules on bundles built in code, each with a bad and a good case: GD312 (the optimizer's per-tensor
+loop), GD313 (fusible work not compiled), GD314 (graph breaks and recompilations), GD402 (allocator retries, and
+running out of memory), GD701 (periodic stalls), GD702 (start-up); and the one claim per ms they share with GD301.
+Their GPU fixtures wait in fixtures/to_record/; the CPU shows GD312, GD314, GD701 and GD702 for real
+(tests/builtin_rules/test_slow_step_e2e.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpudoctor.bundle.events import (
+    CompileEvent,
+    CudaMemory,
+    HostLine,
+    LoaderStartEvent,
+    OomEvent,
+    OptimizerEvent,
+    PauseEvent,
+    StartupEvent,
+    StartupLinesEvent,
+)
+from gpudoctor.bundle.records import Site
+from gpudoctor.engine import builtin_rules, run_rules
+from gpudoctor.testing import BundleBuilder, assert_fires, assert_not_evaluated, assert_silent, run_rule
+from gpudoctor.testing.spec import DEFAULT_START
+
+GiB = 1024 ** 3
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>"
+
+
+def rules(*codes: str) -> list:
+    return [r for r in builtin_rules() if r.code in codes]
+
+
+# -- GD312 optimizer-per-tensor-loop ------------------------------------------------------------------------
+def adam(**fields: object) -> OptimizerEvent:
+    settings: dict[str, object] = {"name": "Adam", "module": "torch.optim.adam", "tensors": 192, "foreach": False,
+                                   "takes_foreach": True, "takes_fused": True, "devices": ["cuda"], "per_tensor": True,
+                                   "site": Site(file="train.py", line=30, function="main")}
+    return OptimizerEvent(**(settings | fields))  # type: ignore[arg-type]
+
+
+def optimizer_run(tmp_path, optimizer: OptimizerEvent | None, *, kernels: int = 1, kernel_name: str = "sgemm"):
+    """Steps of 10 ms whose host spends 6 ms in optimizer.step(), the GPU busy 3 ms."""
+    b = BundleBuilder(tmp_path, window=(2, 1, None))
+    b.steps(12, wall_s=0.01, optimizer_s=0.006, gpu_busy_s=0.003, kernels=kernels, kernel_name=kernel_name)
+    if optimizer is not None:
+        b.event(optimizer)
+    return b.build()
+
+
+def test_gd312_fires_on_a_per_tensor_loop_and_builds_the_fused_optimizer(tmp_path) -> None:
+    [finding] = assert_fires("GD312", optimizer_run(tmp_path, adam()), location="train.py:30")
+    assert finding["impact"] == pytest.approx(0.48, abs=0.01)  # 6 ms of 10, 5x shorter fused
+    assert finding["remedy"] == {"optimizer": {"at": "train.py:30"}}  # fused: the default implementation
+    assert "Adam(..., fused=True) at train.py:30" in finding["fix"]
+    assert finding["category"] == "optimizer"
+
+
+@pytest.mark.parametrize("settings", [{"foreach": True, "per_tensor": False}, {"fused": True, "per_tensor": False},
+                                      {"tensors": 8}])
+def test_gd312_is_silent_with_foreach_fused_or_few_tensors(tmp_path, settings: dict[str, object]) -> None:
+    assert_silent("GD312", optimizer_run(tmp_path, adam(**settings)))
+
+
+def test_gd312_gives_foreach_where_torch_has_no_fused_kernel_for_the_device(tmp_path) -> None:
+    run = optimizer_run(tmp_path, adam(name="RMSprop", devices=["mps"]))
+    [finding] = assert_fires("GD312", run)
+    assert finding["remedy"] == {"optimizer": {"at": "train.py:30", "implementation": "foreach"}}
+
+
+def test_gd312_is_not_evaluated_without_an_optimizer(tmp_path) -> None:
+    assert_not_evaluated("GD312", optimizer_run(tmp_path, None), "optimizer")
+
+
+def test_the_optimizer_keeps_its_ms_and_the_launch_bound_finding_the_rest(tmp_path) -> None:
+    """One claim per ms: GD301 claims the GPU's idle between launches, of which the optimizer's loop is a part."""
+    run = optimizer_run(tmp_path, adam(), kernels=300)  # 300 kernels of 10 µs: launch-bound
+    findings = {f.code: f for f in run_rules(run, rules("GD301", "GD312")).findings}
+    idle = run.budget.share_of("small_batch")
+    assert findings["GD312"].impact == pytest.approx(0.48, abs=0.01)
+    assert findings["GD301"].impact == pytest.approx(idle - 0.48, abs=0.01)
+
+
+# -- GD313 fusible-work-not-compiled ------------------------------------------------------------------------
+def eager_run(tmp_path, kernel_name: str = ELEMENTWISE, module: str = "Model"):
+    """Launch-bound steps of 5 ms: 100 kernels of 2 µs each."""
+    b = BundleBuilder(tmp_path, window=(2, 1, None))
+    b.steps(10, wall_s=0.005, gpu_busy_s=0.0002, kernels=100, kernel_name=kernel_name)
+    b.forward_site(module, site=("train.py", 50, "main"))
+    return b.build()
+
+
+def test_gd313_fires_on_launch_bound_elementwise_kernels_and_compiles_the_model(tmp_path) -> None:
+    [finding] = assert_fires("GD313", eager_run(tmp_path), location="train.py:50")
+    assert finding["impact"] == pytest.approx(0.75, abs=0.01)  # every kernel fusible, 4 into 1
+    assert finding["remedy"] == {"compile": "inductor"}
+    assert "torch.compile(model)" in finding["fix"]
+
+
+def test_gd313_is_silent_on_matrix_products_and_on_a_compiled_model(tmp_path) -> None:
+    assert_silent("GD313", eager_run(tmp_path / "gemm", "volta_sgemm_128x64_nn"))
+    assert_silent("GD313", eager_run(tmp_path / "compiled", module="OptimizedModule"))
+
+
+def test_gd313_takes_its_share_of_the_launch_bound_idle_before_gd301(tmp_path) -> None:
+    run = eager_run(tmp_path)
+    findings = {f.code: f for f in run_rules(run, rules("GD301", "GD313")).findings}
+    assert findings["GD313"].impact == pytest.approx(0.75, abs=0.01)
+    assert findings["GD301"].impact == pytest.approx(run.budget.share_of("small_batch") - 0.75, abs=0.01)
+
+
+# -- GD314 graph-breaks-and-recompiles ----------------------------------------------------------------------
+BREAK = ("Unsupported Tensor.item() call with capture_scalar_outputs=False\n  Explanation: Dynamo does not support "
+         "tracing `Tensor.item()`.")
+
+
+def compiled_run(tmp_path, *compiled: CompileEvent):
+    b = BundleBuilder(tmp_path, window=(2, 1, 4))
+    b.steps(20, wall_s=0.01)
+    b.forward_site("OptimizedModule", site=("train.py", 50, "main"))
+    b.event(*compiled)
+    return b.build()
+
+
+def test_gd314_names_each_graph_break_and_each_recompiled_function(tmp_path) -> None:
+    run = compiled_run(
+        tmp_path,
+        CompileEvent(step=0, compile_id="0/0", function="forward", file="model.py", line=20, seconds=2.0,
+                     restart_reasons=[BREAK]),
+        CompileEvent(step=0, compile_id="1/0", function="torch_dynamo_resume_in_forward_at_27", file="model.py",
+                     line=27, seconds=0.3),
+        CompileEvent(step=10, compile_id="0/1", function="forward", file="model.py", line=20, seconds=0.05,
+                     recompile_reason="0/0: tensor 'tokens' size mismatch at index 1. expected 96, actual 128"))
+    findings = {f["location"]["line"]: f for f in run_rule("GD314", run)}
+    broken, again = findings[27], findings[20]
+    assert broken["title"].startswith("The compiled code breaks its graph at model.py:27: Unsupported Tensor.item()")
+    assert broken["impact"] is None and "capture_scalar_outputs" in broken["fix"]
+    assert again["title"] == ("forward was compiled 1 more time: tensor 'tokens' size mismatch at index 1. "
+                              "expected 96, actual 128")
+    assert again["impact"] == pytest.approx(0.05 / 0.18, abs=0.01)  # 50 ms of the 18 steps after start-up
+    assert "mark_dynamic" in again["fix"]
+
+
+def test_gd314_is_silent_on_a_model_compiled_once(tmp_path) -> None:
+    run = compiled_run(tmp_path, CompileEvent(step=0, function="forward", file="model.py", line=20, seconds=2.0))
+    assert_silent("GD314", run)
+
+
+# -- GD402 allocator-retries --------------------------------------------------------------------------------
+def memory_run(tmp_path, retries_each_step: int, mallocs_each_step: int):
+    b = BundleBuilder(tmp_path, window=(2, 1, 6))
+    for i in range(12):
+        b.step(wall_s=0.02, gpu_busy_s=0.015, cuda_memory={
+            "allocated": 30 * GiB, "reserved": 70 * GiB, "max_allocated": 60 * GiB, "max_reserved": 75 * GiB,
+            "alloc_retries": i * retries_each_step, "device_allocs": 100 + i * mallocs_each_step,
+            "device_frees": 10 + i * mallocs_each_step, "ooms": 0, "inactive_split": 12 * GiB})
+    b.forward_site(site=("train.py", 50, "main"))
+    return b.build()
+
+
+def test_gd402_fires_on_allocator_retries_and_tries_expandable_segments(tmp_path) -> None:
+    [finding] = assert_fires("GD402", memory_run(tmp_path, 1, 2), location="train.py:50")
+    assert finding["title"].startswith("The CUDA allocator frees its cache and retries 1.0 times a step")
+    assert finding["remedy"] == {"alloc_conf": "expandable_segments:True"}
+    # the built trace keeps no cudaMalloc calls: the gain is not predicted, and --try-fixes measures it
+    assert finding["impact"] is None and "--try-fixes" in finding["impact_reason"] and "--try-fixes" in finding["fix"]
+    evidence = {row["name"]: row["value"] for row in finding["evidence"]}
+    assert evidence["free inside split blocks"] == 12 and evidence["reserved"] == 70
+
+
+def test_gd402_is_silent_once_the_cache_holds_what_the_steps_need(tmp_path) -> None:
+    assert_silent("GD402", memory_run(tmp_path, 0, 0))
+
+
+def test_gd402_is_not_evaluated_without_the_allocators_counters(tmp_path) -> None:
+    b = BundleBuilder(tmp_path, window=(2, 1, 6))
+    b.steps(12, wall_s=0.02, gpu_busy_s=0.015, cuda_memory={"allocated": GiB, "reserved": GiB, "max_allocated": GiB})
+    assert_not_evaluated("GD402", b.build(), "counters")
+
+
+def test_gd402_says_where_the_memory_was_when_cuda_ran_out(tmp_path) -> None:
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    b.steps(6, wall_s=0.02, gpu_busy_s=0.015)
+    b.exit("exception", 1, exception="torch.OutOfMemoryError", message="CUDA out of memory. Tried to allocate "
+           "2.00 GiB.", where=("train.py", 61, "main"))
+    b.event(OomEvent(memory=CudaMemory(allocated=60 * GiB, reserved=76 * GiB, max_allocated=70 * GiB,
+                                       inactive_split=14 * GiB), free=1 * GiB, total=80 * GiB, requested="2.00 GiB"))
+    [finding] = assert_fires("GD402", b.build(), location="train.py:61", severity="critical")
+    evidence = {row["name"]: row["value"] for row in finding["evidence"]}
+    assert evidence["cached, unused"] == 16 and evidence["held outside this process's cache"] == 3
+    assert finding["fix"].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+# -- GD701 periodic-stall -----------------------------------------------------------------------------------
+def stalling_run(tmp_path, pauses: bool = True, every: int = 10):
+    """40 steps of 10 ms after a window of (2, 1, 2); every `every`th one 200 ms, with a torch.save of 190 ms."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    for i in range(40):
+        stalls = i % every == every - 1
+        b.step(wall_s=0.2 if stalls else 0.01)
+        if stalls and pauses:
+            b.event(PauseEvent(cause="save", step=i, seconds=0.19, site=Site(file="train.py", line=60,
+                                                                             function="main")))
+    return b.build()
+
+
+def test_gd701_fires_on_a_save_every_ten_steps_at_its_line(tmp_path) -> None:
+    run = stalling_run(tmp_path)
+    [finding] = assert_fires("GD701", run, location="train.py:60")
+    assert finding["title"].startswith("Every 10th step stalls 190 ms in torch.save:")
+    steady = [s for s in run.step_view.steady_steps if s.window not in ("warmup", "active")]
+    assert finding["impact"] == pytest.approx(4 * 0.19 / (sum(s.wall_s for s in steady) - 0.01), abs=0.02)
+    assert "async_save" in finding["fix"]
+
+
+def test_gd701_names_a_periodic_stall_it_cannot_explain_without_a_line(tmp_path) -> None:
+    [finding] = assert_fires("GD701", stalling_run(tmp_path, pauses=False, every=8), location=None)
+    assert "a cause gpudoctor does not watch" in finding["title"]
+
+
+def test_gd701_is_silent_without_stalls(tmp_path) -> None:
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    b.steps(40, wall_s=lambda i: 0.01 + 0.002 * (i % 3))
+    assert_silent("GD701", b.build())
+
+
+# -- GD702 slow-startup -------------------------------------------------------------------------------------
+def starting_run(tmp_path, *, restarts: bool = False, indexing_s: float = 6.0):
+    """A job launched `indexing_s` seconds before its first step; 30 steps of 10 ms, in epochs of 10 steps."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 2), start=DEFAULT_START + indexing_s)
+    b.loader(num_workers=8, site=("train.py", 40, "main"))
+    for i in range(30):
+        b.step(wall_s=0.6 if restarts and i in (10, 20) else 0.01, data_wait_s=0.5 if restarts and i in (10, 20)
+               else 0.0)
+    b.event(StartupEvent(phase="torch_import", seconds=1.0),
+            StartupLinesEvent(samples=100, interval_s=0.05, importing=10,
+                              lines=[HostLine(file="train.py", line=12, function="index_dataset", samples=80)]))
+    if restarts:
+        b.event(*(LoaderStartEvent(loader_id=0, step=i, seconds=0.05, workers=8) for i in (0, 10, 20)))
+    return b.build()
+
+
+def test_gd702_tells_a_short_job_its_set_up_dominates_and_where(tmp_path) -> None:
+    [finding] = assert_fires("GD702", starting_run(tmp_path), location="train.py:12", severity="critical")
+    assert finding["title"].startswith("Start-up takes 9")  # of a job of ~6.3 s
+    assert finding["impact"] is None and "paid once" in finding["impact_reason"]
+    assert "cache its result on disk" in finding["fix"]
+
+
+def test_gd702_sizes_the_workers_started_at_each_epoch_and_tries_persistent_workers(tmp_path) -> None:
+    run = starting_run(tmp_path, restarts=True, indexing_s=1.0)
+    [finding] = assert_fires("GD702", run, location="train.py:40")
+    assert "2 later epochs start 8 workers again" in finding["title"]
+    assert finding["remedy"]["loader"]["persistent_workers"] is True
+    # each restarting step 590 ms over the usual 10 ms: the old workers shut down, the new ones started and awaited
+    assert finding["impact"] == pytest.approx(2 * 0.59 / sum(s.wall_s for s in run.step_view.steady_steps), abs=0.01)
+
+
+def test_gd702_is_silent_when_the_fixed_costs_are_all_there_is(tmp_path) -> None:
+    assert_silent("GD702", starting_run(tmp_path, indexing_s=0.05))
+
+
+def test_gd702_is_not_evaluated_on_a_bundle_that_did_not_watch_the_start_up(tmp_path) -> None:
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    b.steps(10, wall_s=0.01)
+    assert_not_evaluated("GD702", b.build(), "not watched")
