@@ -30,6 +30,7 @@ BENCHMARKS = {
     "analysis_guard": "a CPU",
     "validate_impacts": "recorded bundles",
     "validate_jobs": "a CPU (--recorded: recorded bundles)",
+    "validate_job_tries": "two GPUs",
     "validate_tries": "recorded results (--record: a GPU)",
 }
 # What the benchmarks import, run or are timed with, not benchmarks of their own.

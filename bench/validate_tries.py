@@ -125,8 +125,8 @@ def _gpu(machine: dict[str, Any]) -> str:
 def record(out: Path, only: set[str], plain_runs: int, timeout_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, machine = [], machine_facts()
-    for pair in TRY_PAIRS:
-        if only and pair.bad not in only:
+    for pair in (*TRY_PAIRS, *AWAITING_TRY_PAIRS):
+        if (only and pair.bad not in only) or (not only and pair in AWAITING_TRY_PAIRS):
             continue
         row = {**record_pair(pair, out, plain_runs, timeout_s), "machine": _gpu(machine)}
         rows.append(row)
@@ -168,7 +168,7 @@ def _ms(value: float | None) -> str:
 
 
 def table(document: dict[str, Any]) -> str:
-    notes = {(p.bad, p.code): p.note for p in TRY_PAIRS}
+    notes = {(p.bad, p.code): p.note for p in (*TRY_PAIRS, *AWAITING_TRY_PAIRS)}
     lines = [("| pair | machine | finding | predicted | tried | twin | tried within ±10% of twin | "
               "step: diagnosed → tried (twin's) | tried step within ±10% of twin's | "
               "predicted within ±30% of twin | try |"),
@@ -180,7 +180,8 @@ def table(document: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, metavar="DIR", help="record the pairs into DIR/tries.json (GPU)")
-    parser.add_argument("--only", default="", help="comma-separated bad fixtures (default: every pair)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated bad fixtures (default: every pair but those awaiting their recording)")
     parser.add_argument("--plain-runs", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=240.0, help="time limit of one command")
     parser.add_argument("--from", dest="source", type=Path, default=RECORDED, help="a recorded tries.json")
