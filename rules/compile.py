@@ -27,13 +27,14 @@ RECOMPILE_FIXES = (
 @rule("GD313", "fusible-work-not-compiled", category="compile")
 def fusible_work_not_compiled(run: Run, max_busy_share: float = 0.5, max_median_kernel_us: float = 20.0,
                               max_idle_per_kernel_us: float = 200.0, min_fusible_share: float = 0.8,
-                              fusion_factor: float = 4.0, min_impact: float = 0.1) -> Iterator[Finding]:
+                              fusion_factor: float = 5.0, min_impact: float = 0.1) -> Iterator[Finding]:
     """A launch-bound step of small elementwise kernels that torch.compile would fuse runs eagerly.
 
     What it detects: a step launch-bound as GD301 finds it (the GPU busy under `max_busy_share` of the step,
     its median kernel under `max_median_kernel_us` µs, at most `max_idle_per_kernel_us` µs of idle per kernel),
     whose kernels are at least `min_fusible_share` elementwise operations, reductions and normalizations (by
-    count: each one a launch), in a script that compiles nothing (no Triton kernel, no compiled model, nothing
+    count: each one a launch; an eager optimizer's kernels, launched in its step(), are GD312's and not
+    fusible by compiling the model), in a script that compiles nothing (no Triton kernel, no compiled model, nothing
     torch._dynamo compiled).
 
     Why it matters: eager PyTorch launches a kernel for each operation; a model of hand-written elementwise
@@ -49,9 +50,10 @@ def fusible_work_not_compiled(run: Run, max_busy_share: float = 0.5, max_median_
     (`Module.compile`) and times the steps after it, the compilation reported apart; compiled kernels round
     differently, so the try also reports how far the loss moved.
 
-    Impact: the step's launches cut to the fusible ones over `fusion_factor` (a block's dozen operations into
-    about three kernels: provisional, until fixtures/to_record/elementwise_* are recorded with their compiled
-    twin) and the rest, as a share of the launch-bound step, within the GPU's idle while the host launches
+    Impact: the step's launches cut to the fusible ones over `fusion_factor` (a block's dozen operations into two
+    or three kernels: on an H100, elementwise_eager_bad's step went from 18.1 and 17.5 ms to 3.6 and 4.0 ms
+    compiled, in two recordings) and the rest, as a share of the launch-bound step, within the GPU's idle while
+    the host launches
     (the budget's host-side slices, which GD301 claims as a whole: this share is counted here, the rest there).
     """
     run.require_gpu()

@@ -13,7 +13,7 @@ FUSED_ON_CPU = ("Adam", "AdamW", "SGD", "Adagrad")
 
 @rule("GD312", "optimizer-per-tensor-loop", category="optimizer")
 def optimizer_per_tensor_loop(run: Run, min_share: float = 0.1, min_tensors: int = 16,
-                              fused_speedup: float = 5.0) -> Iterator[Finding]:
+                              fused_speedup: float = 10.0) -> Iterator[Finding]:
     """The optimizer updates its tensors one at a time in Python, where a fused or foreach kernel does them all.
 
     What it detects: an optimizer with at least `min_tensors` tensors whose step loops over them in Python
@@ -35,7 +35,8 @@ def optimizer_per_tensor_loop(run: Run, min_share: float = 0.1, min_tensors: int
     --try-fixes` builds the optimizer so and measures the step.
 
     Impact: the host's time in `step()` per step, less what the fused step would take (`fused_speedup`
-    times shorter: provisional, until fixtures/to_record/optimizer_* are recorded with their fused twin), as
+    times shorter: on an H100, optimizer_foreach_bad's Adam step took 18.8 ms of host time, its fused twin's
+    1.8 ms), as
     a share of the step at the run's pace; on a GPU, at most the GPU's idle while the host works (the budget's
     host-side slices, which a launch-bound step's GD301 claims too: the optimizer's share is counted here,
     the rest there).

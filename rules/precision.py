@@ -13,8 +13,8 @@ BF16_LINE = 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = ...'
 
 
 @rule("GD311", "matmuls-without-tensor-cores", category="precision")
-def matmuls_without_tensor_cores(run: Run, min_impact: float = 0.1, tf32_speedup: float = 3.0,
-                                     bf16_speedup: float = 6.0) -> Iterator[Finding]:
+def matmuls_without_tensor_cores(run: Run, min_impact: float = 0.1, tf32_speedup: float = 6.0,
+                                     bf16_speedup: float = 8.0, bf16_rest_speedup: float = 2.0) -> Iterator[Finding]:
     """The GPU runs its matrix products in fp32 on CUDA cores, where its Tensor Cores would run them in TF32 or bf16.
 
     What it detects: on a GPU with Tensor Cores for TF32 and bf16 (compute capability 8.0 or later, from the
@@ -60,7 +60,8 @@ def matmuls_without_tensor_cores(run: Run, min_impact: float = 0.1, tf32_speedup
     tf32_s = found.share(*found.tf32_reaches) * computing_s  # of the GPU's computing at the run's pace
     fp32_s = found.share(*FP32_KINDS) * computing_s
     tf32_saving = max(0.0, tf32_s * (1 - 1 / tf32_speedup) - idle_s)
-    bf16_saving = max(0.0, fp32_s * (1 - 1 / bf16_speedup) - idle_s)
+    rest_s = max(0.0, computing_s - fp32_s)
+    bf16_saving = max(0.0, fp32_s * (1 - 1 / bf16_speedup) + rest_s * (1 - 1 / bf16_rest_speedup) - idle_s)
     impact = min(tf32_saving / step, budget.share_of("precision"))
     if impact < min_impact:
         return

@@ -194,6 +194,10 @@ class GpuOps(Sequence[GpuOp]):
         """Each op's name, as an index into `columns.names` (one for each distinct name)."""
         return self._column(self.columns.name_ids)
 
+    def correlation_ids(self) -> Sequence[int]:
+        """Each op's correlation id with the host's call that launched it (NO_ID where the trace gives none)."""
+        return self._column(self.columns.correlations)
+
     def warps_per_sm(self) -> Sequence[float]:
         """Each op's resident warps per SM (a kernel's, from the trace); NaN where the trace gives none."""
         return self._column(self.columns.warps)

@@ -4,8 +4,10 @@ how they launch them and the precision their matrix math runs in."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -18,6 +20,7 @@ from gpudoctor.analysis.gpu_ops import GpuOps
 from gpudoctor.analysis.kernels import kernels_in_steps
 from gpudoctor.analysis.precision import Precision, precision
 from gpudoctor.analysis.step_view import StepView
+from gpudoctor.analysis.steps import OPTIMIZER_STEP
 from gpudoctor.analysis.trace import GRAPH_LAUNCH, TraceData
 from gpudoctor.analysis.views import Step
 from gpudoctor.bundle.events import CudaDevice
@@ -32,6 +35,33 @@ def gpu_view(trace: TraceData | None) -> GpuView | None:
     else:
         span = (trace.gpu_ops[0].start, max(op.end for op in trace.gpu_ops))
     return GpuView(trace.gpu_ops, span)
+
+
+def optimizer_spans(trace: TraceData, steps: StepView, placed: Sequence[Step],
+                    steps_end_in_optimizer: bool) -> list[tuple[float, float]]:
+    """When the host ran an optimizer's step() in the `placed` steps: torch's `Optimizer.step#` annotations where
+    the trace has them; else, in steps that end as their optimizer.step() returns (steps marked by the
+    optimizer), the end of each step for the share of the step that optimizer.step() took in the steps that timed
+    it (the window's detail steps, off the trace); empty where neither says."""
+    annotated = [(a.start, a.end) for a in trace.annotations if a.name.startswith(OPTIMIZER_STEP)]
+    if annotated or not steps_end_in_optimizer:
+        return sorted(annotated)
+    shares = [s.optimizer_s / s.wall_s for s in steps.all_steps if s.optimizer_s is not None and s.wall_s > 0]
+    if not shares:
+        return []
+    share = statistics.median(shares)
+    return [(s.end - share * s.wall_s, s.end) for s in placed]
+
+
+def launched_in(trace: TraceData, spans: list[tuple[float, float]]) -> set[int]:
+    """The correlation ids of the CUDA calls the host made within `spans` (sorted, not overlapping)."""
+    starts = [start for start, _ in spans]
+    inside: set[int] = set()
+    for call in trace.runtime:
+        at = bisect.bisect_right(starts, call.start) - 1
+        if call.correlation is not None and at >= 0 and call.start < spans[at][1]:
+            inside.add(call.correlation)
+    return inside
 
 
 @dataclass(frozen=True)
@@ -64,8 +94,10 @@ class Launches:
 class GpuWork:
     """The GPU's work over the steps of `steps`, from its activity in the trace (`gpu`, None without any)."""
 
-    def __init__(self, gpu: GpuView | None, trace: TraceData | None, steps: StepView) -> None:
+    def __init__(self, gpu: GpuView | None, trace: TraceData | None, steps: StepView,
+                 steps_end_in_optimizer: bool = False) -> None:
         self.gpu, self._trace, self._steps = gpu, trace, steps
+        self._steps_end_in_optimizer = steps_end_in_optimizer  # each step ends as its optimizer.step() returns
 
     @cached_property
     def placed_steps(self) -> list[Step]:
@@ -142,7 +174,11 @@ class GpuWork:
     @cached_property
     def fusion(self) -> Fusion | None:
         """The share of the placed steps' kernels torch.compile would fuse (analysis.fusion); None without kernels."""
-        return fusion(self.kernels) if self.kernels is not None else None
+        if self.kernels is None:
+            return None
+        spans = (optimizer_spans(self._trace, self._steps, self.placed_steps, self._steps_end_in_optimizer)
+                 if self._trace else [])
+        return fusion(self.kernels, launched_in(self._trace, spans) if self._trace and spans else ())
 
     @cached_property
     def replays_cuda_graphs(self) -> bool:

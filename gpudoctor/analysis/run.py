@@ -175,7 +175,7 @@ class Run:
     @cached_property
     def gpu_work(self) -> GpuWork:
         """The GPU's work over the window's steps (analysis.gpu_work)."""
-        return GpuWork(self.gpu, self.trace, self.step_view)
+        return GpuWork(self.gpu, self.trace, self.step_view, self.step_source == "optimizer")
 
     @cached_property
     def host(self) -> HostView:

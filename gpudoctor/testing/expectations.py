@@ -13,6 +13,8 @@ An expectation is a rule code and, optionally, checks on the finding, each `key=
     category=NAME      the rule's category, e.g. data_starvation
     count=N            the finding's count: how many times its cause was seen
     location=none      the finding points at no line; the comment then stands on a line of its own
+    location=FILE:LINE the finding points at line LINE of FILE (a helper module beside the script, by its
+                       name: `_helpers.py:74`); the comment then stands on a line of its own
 
 Several expectations on one line are separated by `;` (`# expect: GD202 severity=info; GD201`), and a
 further `#` starts free text. A finding points at line N of the script when its location's line is N
@@ -45,6 +47,7 @@ __all__ = ["Expectation", "ExpectationError", "Expectations", "FindingLike", "Mi
 _MARKER = re.compile(r"#\s*expect:([^#]*)")
 _KEYS = ("severity", "impact", "category", "count", "location")
 _NOTHING = "none"
+_ELSEWHERE = re.compile(r"^[\w.-]+\.py:\d+$")
 _Bad = Callable[[str], "ExpectationError"]  # makes the error for one malformed clause
 
 
@@ -64,9 +67,10 @@ class Expectation:
     no_impact: bool = False  # impact=none
     category: str | None = None
     count: int | None = None
+    elsewhere: str | None = None  # "FILE:LINE": the line of another file the finding points at
 
     def __str__(self) -> str:
-        checks = ["location=none" if self.line is None else "",
+        checks = [f"location={self.elsewhere}" if self.elsewhere else "location=none" if self.line is None else "",
                   f"severity={self.severity}" if self.severity else "",
                   "impact=none" if self.no_impact else "",
                   f"impact={self.impact[0]:g}..{self.impact[1]:g}" if self.impact else "",
@@ -152,11 +156,13 @@ def _parse_clause(clause: str, line: int, alone: bool, where: str) -> Expectatio
     if not CODE_PATTERN.match(code):
         raise bad(f"{code!r} is not a rule code (capital letters and three digits, e.g. GD101).")
     values = _pairs(pairs, bad)
-    located = values.pop("location", None) is None
+    location = values.pop("location", None)
+    located = location is None
     if located == alone:
         raise bad("a finding with a location is expected at the end of the line it points at; on a line of its "
-                  "own, write location=none." if alone else "location=none goes on a comment line of its own.")
-    return Expectation(code, line if located else None, line, **_checks(values, bad))
+                  "own, write location=none." if alone else f"location={location} goes on a comment line of its own.")
+    elsewhere = location if location not in (None, _NOTHING) else None
+    return Expectation(code, line if located else None, line, elsewhere=elsewhere, **_checks(values, bad))
 
 
 def _pairs(pairs: Sequence[str], bad: _Bad) -> dict[str, str]:
@@ -169,9 +175,9 @@ def _pairs(pairs: Sequence[str], bad: _Bad) -> dict[str, str]:
             raise bad(f"unknown key {key!r}; the keys are {', '.join(_KEYS)}.")
         if key in values:
             raise bad(f"{key} is given twice.")
-        if key == "location" and value != _NOTHING:
-            raise bad(f"location={value}: the only location to write is none; a located finding's line is the "
-                      "line the comment ends.")
+        if key == "location" and value != _NOTHING and not _ELSEWHERE.match(value):
+            raise bad(f"location={value}: write none, or FILE:LINE for a line of another file; a located "
+                      "finding's line in the script is the line the comment ends.")
         values[key] = value
     return values
 
@@ -249,9 +255,23 @@ def _points_at(finding: Mapping[str, Any], script: Path) -> int | str | None:
     return f"{location['file']}:{location['line']}"
 
 
+def _at(finding: Mapping[str, Any], script: Path) -> int | str | None:
+    """Where the finding points, as an expectation says it: a line of the script, "FILE:LINE" by the file's name
+    elsewhere, or None."""
+    where = _points_at(finding, script)
+    if isinstance(where, str):
+        file, _, line = where.rpartition(":")
+        return f"{os.path.basename(file)}:{line}"
+    return where
+
+
+def _wanted(e: Expectation) -> int | str | None:
+    return e.elsewhere or e.line
+
+
 def _meet(e: Expectation, pool: list[Mapping[str, Any]], used: set[int], script: Path) -> list[Mismatch]:
     """Pair the expectation with a finding of its rule at its line, preferring one that passes every check."""
-    here = [i for i, f in enumerate(pool) if i not in used and f["code"] == e.code and _points_at(f, script) == e.line]
+    here = [i for i, f in enumerate(pool) if i not in used and f["code"] == e.code and _at(f, script) == _wanted(e)]
     if not here:
         return [Mismatch(script, e.written_at, f"expected {e}, but {_elsewhere(e, pool, script)}")]
     problems = {i: _problems(e, pool[i]) for i in here}
@@ -265,7 +285,8 @@ def _elsewhere(e: Expectation, pool: list[Mapping[str, Any]], script: Path) -> s
     if not where:
         return f"{e.code} found nothing"
     shown = ", ".join("no location" if w is None else f"line {w}" if isinstance(w, int) else str(w) for w in where)
-    return f"no {e.code} finding {'points at this line' if e.line else 'is without a location'} ({e.code} at: {shown})"
+    said = f"points at {e.elsewhere}" if e.elsewhere else "points at this line" if e.line else "is without a location"
+    return f"no {e.code} finding {said} ({e.code} at: {shown})"
 
 
 def _problems(e: Expectation, finding: Mapping[str, Any]) -> list[str]:

@@ -47,6 +47,11 @@ PAIRS = (
     FixturePair(("GD501",), "threadpool_inference_bad", "threadpool_inference_fixed"),
     FixturePair(("GD503",), "cpu_oversubscription_bad", "cpu_oversubscription_fixed"),
     FixturePair(("GD504",), "cpu_contention_bad", "cpu_contention_fixed"),
+    FixturePair(("GD311",), "precision_fp32_bad", "precision_tf32_fixed"),
+    FixturePair(("GD311",), "precision_fp32_bad", "precision_bf16_fixed", what_if="step with bf16 autocast (est.)"),
+    FixturePair(("GD312",), "optimizer_foreach_bad", "optimizer_fused_fixed"),
+    FixturePair(("GD313",), "elementwise_eager_bad", "elementwise_compiled_fixed"),
+    FixturePair(("GD701",), "checkpoint_stall_bad", "checkpoint_stall_fixed"),
 )
 
 # The slow-step pairs (precision, optimizer, compile, stalls, GPU memory, start-up), whose scripts wait in
@@ -54,12 +59,7 @@ PAIRS = (
 # predictions then held to the target by bench/validate_impacts.py. cudnn_benchmark_off and _on, the neutral knob, are
 # no pair: no rule may advise it.
 AWAITING_RECORDING = (
-    FixturePair(("GD311",), "precision_fp32_bad", "precision_tf32_fixed"),
-    FixturePair(("GD311",), "precision_fp32_bad", "precision_bf16_fixed", what_if="step with bf16 autocast (est.)"),
-    FixturePair(("GD312",), "optimizer_foreach_bad", "optimizer_fused_fixed"),
-    FixturePair(("GD313",), "elementwise_eager_bad", "elementwise_compiled_fixed"),
     FixturePair(("GD314",), "recompiles_bad", "recompiles_fixed"),
     FixturePair(("GD402",), "allocator_retries_bad", "allocator_expandable_fixed"),
-    FixturePair(("GD701",), "checkpoint_stall_bad", "checkpoint_stall_fixed"),
     FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed"),
 )

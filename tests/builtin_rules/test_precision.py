@@ -72,8 +72,8 @@ def gemm_run(tmp_path, kernel: str, *, capability: tuple[int, int] | None = (9, 
 
 def test_fires_on_a_gpu_bound_step_of_fp32_gemms(tmp_path) -> None:
     [finding] = assert_fires("GD311", gemm_run(tmp_path, "ampere_sgemm_128x64_tn"), location="train.py:50")
-    # 90% of the step in fp32 GEMMs, 3x faster in TF32: 60% of the step, less the 10% the GPU idles
-    assert finding["impact"] == pytest.approx(0.5, abs=0.02)
+    # 90% of the step in fp32 GEMMs, 6x faster in TF32: 75% of the step, less the 10% the GPU idles
+    assert finding["impact"] == pytest.approx(0.65, abs=0.02)
 
 
 def test_silent_before_ampere_where_tf32_and_bf16_have_no_tensor_cores(tmp_path) -> None:
@@ -89,4 +89,4 @@ def test_silent_when_the_gemms_run_in_tf32(tmp_path) -> None:
 
 
 def test_the_threshold_is_an_option(tmp_path) -> None:
-    assert_silent("GD311", gemm_run(tmp_path, "ampere_sgemm_128x64_tn"), options={"min_impact": 0.6})
+    assert_silent("GD311", gemm_run(tmp_path, "ampere_sgemm_128x64_tn"), options={"min_impact": 0.7})

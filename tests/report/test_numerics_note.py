@@ -8,9 +8,9 @@ from gpudoctor.report.tried import tried_text
 def test_a_numerics_try_says_how_far_the_loss_moved_and_the_compile_time_apart() -> None:
     finding = {"saving_s": 0.002, "tried": {"status": "measured", "step_s": 0.0036, "speedup": 1.03,
                                             "tier": "numerics", "loss_delta": 0.001457, "compile_s": 12.34}}
-    assert tried_text(0.0037, finding) == ("predicted ~1.7 ms/step, measured 3.6 ms/step with the fix (no faster (1.03×)); "
-                                           "the loss moved 0.15% from the diagnosed run's, compiling took 12.3 s, "
-                                           "before the steps timed")
+    assert tried_text(0.0037, finding) == ("predicted ~1.7 ms/step, measured 3.6 ms/step with the fix "
+                                           "(no faster (1.03×)); the loss moved 0.15% from the diagnosed run's, "
+                                           "compiling took 12.3 s, before the steps timed")
 
 
 def test_a_try_that_left_the_loss_as_it_was_says_so_and_an_older_one_says_nothing_more() -> None:

@@ -88,8 +88,9 @@ def test_expect_none_and_no_comment_at_all_differ() -> None:
     ("# expect: gd101", "'gd101' is not a rule code"),
     ("# expect:", "an empty expectation"),
     ("# expect: GD101;", "an empty expectation"),
-    ("# expect: GD101 location=3", "location=3: the only location to write is none"),
+    ("# expect: GD101 location=3", "location=3: write none, or FILE:LINE"),
     ("# expect: GD101 location=none", "location=none goes on a comment line of its own"),
+    ("# expect: GD101 location=_helpers.py:74", "location=_helpers.py:74 goes on a comment line of its own"),
 ])
 def test_a_malformed_expectation_is_refused_naming_file_and_line(comment: str, says: str) -> None:
     with pytest.raises(ExpectationError) as raised:
@@ -101,6 +102,20 @@ def test_a_malformed_expectation_is_refused_naming_file_and_line(comment: str, s
 def test_a_located_expectation_on_a_line_of_its_own_is_refused() -> None:
     with pytest.raises(ExpectationError, match=r"^train\.py:2: .*on a line of its own, write location=none"):
         parse_expectations("import torch\n# expect: GD101\n", "train.py")
+
+
+def test_a_finding_in_a_helper_module_is_expected_by_its_file_and_line() -> None:
+    expected = parse_expectations("import torch\n# expect: GD311 location=_helpers.py:74 category=precision\n",
+                                  "fixtures/scripts/fp32.py")
+    in_helper = {"code": "GD311", "severity": "warning", "category": "precision", "impact": 0.6, "title": "fp32",
+                 "location": {"file": "/elsewhere/fixtures/scripts/_helpers.py", "line": 74}}
+    assert check_findings([in_helper], expected) == []
+    other_line = {**in_helper, "location": {**in_helper["location"], "line": 75}}
+    assert [str(m) for m in check_findings([other_line], expected)] == [
+        ("fixtures/scripts/fp32.py: unexpected GD311 finding at /elsewhere/fixtures/scripts/_helpers.py:75 "
+         "(severity=warning impact=0.6): 'fp32'"),
+        ("fixtures/scripts/fp32.py:2: expected GD311 location=_helpers.py:74 category=precision, but no GD311 "
+         "finding points at _helpers.py:74 (GD311 at: /elsewhere/fixtures/scripts/_helpers.py:75)")]
 
 
 def test_expect_none_stands_alone() -> None:
