@@ -7,7 +7,8 @@ On a machine with two GPUs, from the repository root:
 For each job (a rank that loads its batches without workers, the others with them): `gpudoctor profile --try-fixes`
 of the job as its launcher starts it (fixtures/record_jobs.py's commands), which diagnoses the straggler (GD601) and
 tries its slow rank's loader fix (GD101) on every rank; then, alternating, the job plainly as it is and its twin with
-the fix's setting by hand (`--slow-ranks "" --workers N`, N the try's num_workers, on every rank), `--plain-runs`
+the try's settings by hand: each rank's loader as the try's own bundle read it back (`tried.changes`): the slow
+rank's workers by `--slow-workers N`, and `--workers M` where the try changed the other ranks' too, `--plain-runs`
 times each. Tried: the diagnosed run's step over the try's (findings.json's `tried.speedup`, the straggler's);
 twin: the plain job's step over the twin's, each the mean of its runs (a job's step is its slowest rank's, as the
 ranks time themselves). Target: tried within ±10% of the twin. The table also says what the try changed on each
@@ -53,11 +54,17 @@ def _pace(run_dir: Path) -> float | None:
         return None
 
 
-def _workers(finding: dict[str, Any] | None) -> int | None:
-    """The num_workers the try gave the slow rank, from what it read back (tried.changes)."""
+def _twin_args(finding: dict[str, Any] | None) -> list[str] | None:
+    """The script's arguments that give each rank the loader workers the try ran it with (tried.changes, as the
+    try's bundle read them back): the slow rank's, which had none, by --slow-workers; the others' by --workers,
+    where the try changed them too. None where the try changed no rank's workers."""
     changes = ((finding or {}).get("tried") or {}).get("changes") or []
-    after = [c["after"] for c in changes if c.get("setting") == "num_workers" and isinstance(c.get("after"), int)]
-    return max(after) if after else None
+    workers = [c for c in changes if c.get("setting") == "num_workers" and isinstance(c.get("after"), int)]
+    slow = [c["after"] for c in workers if c.get("before") == 0]
+    others = [c["after"] for c in workers if c.get("before") != 0]
+    if not slow:
+        return None
+    return ["--slow-workers", str(max(slow)), *(["--workers", str(max(others))] if others else [])]
 
 
 def _plain(name: str, nproc: int, args: list[str], timeout_s: float) -> tuple[float | None, str]:
@@ -74,14 +81,13 @@ def validate(launch: str, out: Path, nproc: int, plain_runs: int, timeout_s: flo
     (out / f"{launch}.log").write_text(said(cmd, env) + "\n" + profiled.stdout[-20000:] + "\n---\n"
                                        + profiled.stderr[-20000:])
     finding = _straggler(run_dir)
-    workers = _workers(finding)
+    twin_args = _twin_args(finding)
     row: dict[str, Any] = {"launch": launch, "job": name, "status": profiled.status, "reason": profiled.reason,
                            "step_s": _pace(run_dir), "finding": finding and finding["code"],
                            "impact": finding and finding.get("impact"), "tried": finding and finding.get("tried"),
-                           "workers": workers, "as_it_is": [], "twin": []}
-    if workers is None:
+                           "twin_args": twin_args, "as_it_is": [], "twin": []}
+    if twin_args is None:
         return row
-    twin_args = ["--slow-ranks", "", "--workers", str(workers)]
     for _ in range(plain_runs):  # alternating, so that a drift of the host's load reaches both alike
         row["as_it_is"].append(_plain(name, nproc, [], timeout_s)[0])
         step, row["twin_command"] = _plain(name, nproc, twin_args, timeout_s)
@@ -104,7 +110,7 @@ def table_row(row: dict[str, Any]) -> str:
     within = "—" if speedup is None or twin is None else "yes" if abs(speedup / twin - 1) <= BAND else "no"
     said_ = "measured" if speedup is not None else f"{tried.get('status')}: {tried.get('reason')}"
     return (f"| {row['launch']} | {row.get('finding') or '—'} | {_x(predicted)} | {_x(speedup)} | {_x(twin)} | "
-            f"{within} | {row.get('workers') or '—'} | {tried.get('applied') or '—'} | "
+            f"{within} | {' '.join(row.get('twin_args') or []) or '—'} | {tried.get('applied') or '—'} | "
             f"{tried.get('not_as_predicted') or '—'} | {said_} |")
 
 
@@ -113,8 +119,8 @@ def _x(value: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [("| job | finding | predicted | tried | twin (same setting by hand) | tried within ±10% | workers | "
-              "applied | not the predicted fix | try |"), "| --- " * 10 + "|"]
+    lines = [("| job | finding | predicted | tried | twin (same setting by hand) | tried within ±10% | "
+              "twin's arguments | applied | not the predicted fix | try |"), "| --- " * 10 + "|"]
     return "\n".join(lines + [table_row(row) for row in rows])
 
 

@@ -69,7 +69,7 @@ class Remedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     # -- fixes that change the numerics (tier "numerics") --
     matmul_precision: str | None = None  # torch.set_float32_matmul_precision: "high" runs fp32 matmuls in TF32
     autocast: str | None = None  # a dtype ("bfloat16"): autocast around each call of the outermost model
-    compile: str | None = None  # a torch.compile backend ("inductor"): the outermost model compiled in place
+    compile: str | None = None  # a torch.compile backend ("inductor"): the outermost model run through torch.compile
 
     @property
     def tier(self) -> str:
@@ -109,7 +109,7 @@ class Remedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
         if self.autocast is not None:
             parts.append(f"torch.autocast(dtype=torch.{self.autocast}) around the model's calls")
         if self.compile is not None:
-            parts.append(f'model.compile(backend="{self.compile}") on the model the loop calls')
+            parts.append(f'torch.compile(model, backend="{self.compile}") on the model the loop calls')
         return parts
 
     def to_json(self) -> dict[str, Any]:

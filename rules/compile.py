@@ -46,9 +46,9 @@ def fusible_work_not_compiled(run: Run, max_busy_share: float = 0.5, max_median_
     batch 32: ~600 kernels of 2-4 µs a step, the GPU idle 80% of it.
 
     Fix: `model = torch.compile(model)` where the model is built (the first steps compile it; later ones run the
-    fused kernels). `gpudoctor profile --try-fixes=all` compiles the model the loop calls in place
-    (`Module.compile`) and times the steps after it, the compilation reported apart; compiled kernels round
-    differently, so the try also reports how far the loss moved.
+    fused kernels). `gpudoctor profile --try-fixes=all` runs the model the loop calls through torch.compile
+    (as `torch.compile(model)` does) and times the steps after it, the compilation reported apart; compiled
+    kernels round differently, so the try also reports how far the loss moved.
 
     Impact: the step's launches cut to the fusible ones over `fusion_factor` (a block's dozen operations into two
     or three kernels: on an H100, elementwise_eager_bad's step went from 18.1 and 17.5 ms to 3.6 and 4.0 ms

@@ -93,16 +93,19 @@ def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks
         local.depth = getattr(local, "depth", 1) - 1
         if local.depth == 0 and not found:
             found.append(True)
+            recorder.on_forward()  # the call that just ended was the first of the loop's
+            if on_found is not None:  # first: a try's torch.compile of the model's calls is wrapped by the watch
+                quietly(on_found, mod)
+            watch = _watch_calls(mod, recorder.on_forward)
+            # Asked after on_found, which may compile the model (a try of torch.compile): a compiled model keeps
+            # the hooks, since torch.compile guards on their count (KeptHooks).
             if compiled(mod):
                 kept.kept = True
             else:
                 for handle in handles:
                     handle.remove()
                 handles.clear()
-            recorder.on_forward()  # the call that just ended was the first of the loop's
-            handles.append(_watch_calls(mod, recorder.on_forward))
-            if on_found is not None:
-                quietly(on_found, mod)
+            handles.append(watch)
 
     try:  # always_call: a forward that raises still leaves its depth
         post_handle = module.register_module_forward_hook(post, always_call=True)
@@ -111,12 +114,17 @@ def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks
     handles.extend([module.register_module_forward_pre_hook(pre), post_handle])
 
 
+# The models a try's remedy compiled (collect.step_remedies): their calls go through torch.compile as an
+# OptimizedModule's do, and they keep the hooks that found them as compiled models do.
+COMPILED_BY_A_TRY: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def compiled(mod: Any) -> bool:
-    """A model that torch.compile compiled: torch.compile(model)'s OptimizedModule, or model.compile()."""
+    """A model that torch.compile compiled: torch.compile(model)'s OptimizedModule, model.compile(), or a try's."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     optimized = getattr(eval_frame, "OptimizedModule", None)
     return (isinstance(optimized, type) and isinstance(mod, optimized)) or (
-        getattr(mod, "_compiled_call_impl", None) is not None)
+        getattr(mod, "_compiled_call_impl", None) is not None) or mod in COMPILED_BY_A_TRY
 
 
 class _ClassPatch:

@@ -5,7 +5,7 @@
 - The CUDA allocator's settings: PYTORCH_CUDA_ALLOC_CONF, before the script runs (CUDA reads it when it starts).
 - TF32 matmuls: torch.set_float32_matmul_precision at torch's import, kept when the script sets its own.
 - bf16 autocast: around each call of the outermost model, once it is found (collect.step_hooks).
-- torch.compile: the outermost model compiled in place (`Module.compile`), once it is found.
+- torch.compile: the outermost model's calls run through torch.compile, once it is found.
 
 Each change is said (RemedyEvent) as it is first made, as collect.remedies does for the loader's.
 """
@@ -89,12 +89,40 @@ class StepRemedies:
 
     # -- once the outermost model is found ----------------------------------------------------------------
     def on_model(self, model: Any) -> None:
-        """The model the loop calls: wrapped in autocast, or compiled in place, as the remedy says."""
+        """The model the loop calls: run under autocast, or through torch.compile, as the remedy says."""
         if self.remedy.compile is not None and _compilable(model):
-            model.compile(backend=self.remedy.compile)
-            self.said(f'{type(model).__name__}.compile(backend="{self.remedy.compile}") on the model the loop calls')
+            self._compile(model, self.remedy.compile)
         if self.remedy.autocast is not None:
             self._autocast(model, self.remedy.autocast)
+
+    def _compile(self, model: Any, backend: str) -> None:
+        """Calls of `model` through torch.compile, as `model = torch.compile(model)` would make them: through its
+        class's __call__, nothing added to the model. Not `model.compile()`: compiled in place, the module's own
+        call is a frame of its own, whose global module hooks (gpudoctor's among them) break the graph at each
+        submodule (a 24-block model ran 1.6x faster so, 3.6x as the script compiles it)."""
+        import torch
+
+        from gpudoctor.collect.step_hooks import COMPILED_BY_A_TRY
+
+        if self._patches is None:
+            return
+
+        def make(original: Any) -> Any:
+            def call_model(*args: Any, **kwargs: Any) -> Any:
+                return original(model, *args, **kwargs)
+
+            compiled = torch.compile(call_model, backend=backend)
+
+            def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+                if module is not model:
+                    return original(module, *args, **kwargs)
+                return compiled(*args, **kwargs)
+
+            return __call__
+
+        self._patches.wrap(type(model), "__call__", make)
+        COMPILED_BY_A_TRY.add(model)
+        self.said(f'torch.compile({type(model).__name__}, backend="{backend}") on the model the loop calls')
 
     def _autocast(self, model: Any, dtype_name: str) -> None:
         """Calls of `model` under torch.autocast, through its class's __call__ (as collect.step_hooks watches it):

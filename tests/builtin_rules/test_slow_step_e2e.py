@@ -20,6 +20,7 @@ from builtin_rules.test_rules_cpu_e2e import (
     rule_script,
 )
 from conftest import Gpudoctor, Result
+from gpudoctor.bundle.events import CompileEvent
 
 pytestmark = pytest.mark.e2e
 
@@ -124,3 +125,8 @@ def test_try_fixes_all_measures_the_numerics_and_how_far_the_loss_moved(gd: Gpud
     assert compiled["tried"]["status"] == "measured" and compiled["tried"]["tier"] == "numerics", compiled["tried"]
     assert compiled["tried"]["compile_s"] > 0 and "compile" in compiled["tried"]["applied"]
     assert fused["tried"]["compile_s"] is None
+    # One graph, as `model = torch.compile(model)` makes it: no frame of gpudoctor's own hooks compiled apart,
+    # which breaking the model's graph at each of them would show (Module.compile in place did so).
+    frames = result.events(CompileEvent, "tries/TIER102")
+    assert frames and not [f for f in frames if "torch_dynamo_resume" in (f.function or "")], frames
+    assert not [f for f in frames if "/gpudoctor/collect/" in (f.file or "") and f.function != "call_model"], frames
