@@ -11,7 +11,20 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from gpudoctor.bundle.records import Count, Record, Seconds, Site
+from gpudoctor.bundle.records import Count, Event, Record, Seconds, Site
+from gpudoctor.bundle.step_events import (
+    CompileEvent,
+    CudaMemory,
+    DynamoEvent,
+    HostLine,
+    LoaderStartEvent,
+    LossEvent,
+    OomEvent,
+    OptimizerEvent,
+    PauseEvent,
+    StartupEvent,
+    StartupLinesEvent,
+)
 
 
 # -- facts the manifest keeps too ------------------------------------------------------------------
@@ -107,27 +120,7 @@ class GilSummary(Record, frozen=True):
     max_s: Seconds
 
 
-class CudaMemory(Record, frozen=True):
-    """The CUDA caching allocator at a step's end (torch.cuda.memory_stats): bytes allocated and reserved, their
-    peaks, and the allocator's counters since the process started (None where not recorded: older bundles)."""
-
-    allocated: Count = 0
-    reserved: Count = 0
-    max_allocated: Count = 0
-    max_reserved: Count | None = None
-    alloc_retries: Count | None = None  # num_alloc_retries: cudaMalloc failed, the cache was freed, then retried
-    ooms: Count | None = None  # num_ooms
-    device_allocs: Count | None = None  # num_device_alloc: cudaMalloc calls
-    device_frees: Count | None = None  # num_device_free: cudaFree calls
-    inactive_split: Count | None = None  # inactive_split_bytes.all.current: free bytes inside split blocks
-
-
-# -- the events ----------------------------------------------------------------------------------------
-class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", omit_defaults=True):
-    """An events.jsonl record: its class's tag is its `kind`. Every event has its time `t` (seconds since the
-    epoch), set by the recorder when it is written."""
-
-
+# -- the events (the base, Event, is in bundle.records; the slow step's, in bundle.step_events) ---------
 class ProcessEvent(ProcessFacts, Event, tag="process", frozen=True):
     t: float | None = None
 
@@ -212,13 +205,6 @@ class LoaderEvent(Record, Event, tag="loader", frozen=True):
     # The intra-op threads a try's remedy sets in each of its workers (gpudoctor.collect.remedies); None without
     worker_threads: int | None = None
     t: float | None = None
-
-
-class HostLine(Record, frozen=True):
-    file: str
-    line: int
-    function: str = ""
-    samples: Count = 0
 
 
 class HostLinesEvent(Record, Event, tag="host_lines", frozen=True):
@@ -328,109 +314,6 @@ class RemedyEvent(Record, Event, tag="remedy", frozen=True):
     t: float | None = None
 
 
-class OptimizerEvent(Record, Event, tag="optimizer", frozen=True):
-    """An optimizer the script stepped, as its first step() found it, and where the script built it: whether it
-    steps its tensors one by one in Python (`per_tensor`: foreach off, or an optimizer without foreach or fused)."""
-
-    name: str  # its class, e.g. Adam
-    module: str | None = None  # the class's module, e.g. torch.optim.adam
-    site: Site | None = None  # the user's line that built it
-    tensors: Count = 0  # the parameters it updates
-    foreach: bool | None = None  # as its param_groups have it (None: torch's default)
-    fused: bool | None = None
-    takes_foreach: bool = False  # whether its class takes foreach=
-    takes_fused: bool = False
-    devices: list[str] = msgspec.field(default_factory=list)  # the parameters' device types
-    per_tensor: bool = False
-    t: float | None = None
-
-
-class PauseEvent(Record, Event, tag="pause", frozen=True):
-    """A call that held the script outside the step's usual work: a checkpoint written (`save`: torch.save;
-    `checkpoint`: torch.distributed.checkpoint), a garbage collection (`gc`), the model put in eval mode (`eval`:
-    an evaluation loop starts; `seconds` 0, the step's excess says how long it ran)."""
-
-    cause: str  # save | checkpoint | gc | eval
-    step: Count  # the step it happened in
-    seconds: Seconds = 0.0
-    site: Site | None = None
-    t: float | None = None
-
-
-class StartupEvent(Record, Event, tag="startup", frozen=True):
-    """A phase of the script's start-up, timed where it happened: `torch_import` (import torch), `cuda_init`
-    (CUDA's first initialization)."""
-
-    phase: str
-    seconds: Seconds
-    t: float | None = None
-
-
-class LoaderStartEvent(Record, Event, tag="loader_start", frozen=True):
-    """A DataLoader iterator made (an epoch begins): `seconds` to make it (its workers started), in step `step`."""
-
-    loader_id: int | None = None
-    step: Count = 0
-    seconds: Seconds = 0.0
-    workers: Count = 0
-    persistent: bool = False
-    t: float | None = None
-
-
-class StartupLinesEvent(Record, Event, tag="startup_lines", frozen=True):
-    """The user's lines the main thread was in before the first step ended, sampled every `interval_s` (the most
-    sampled first, at most ten); `samples` counts every look, `importing` those that found it importing a module
-    (their lines are not among `lines`)."""
-
-    samples: Count
-    interval_s: float
-    lines: list[HostLine] = msgspec.field(default_factory=list)
-    importing: Count = 0
-    t: float | None = None
-
-
-class CompileEvent(Record, Event, tag="compile", frozen=True):
-    """A frame torch.compile compiled (torch._dynamo's compilation metrics), in step `step`: a recompilation says
-    why (`recompile_reason`), a graph break resumes in `torch_dynamo_resume_in_*` at the broken line."""
-
-    step: Count
-    compile_id: str | None = None
-    function: str | None = None
-    file: str | None = None
-    line: int | None = None
-    seconds: Seconds = 0.0
-    recompile_reason: str | None = None
-    restart_reasons: list[str] = msgspec.field(default_factory=list)  # graph breaks found while compiling it
-    t: float | None = None
-
-
-class DynamoEvent(Record, Event, tag="dynamo", frozen=True):
-    """torch._dynamo's own counters at the script's end: graph breaks by reason, and graphs compiled."""
-
-    graph_breaks: dict[str, int] = msgspec.field(default_factory=dict)
-    unique_graphs: Count | None = None
-    t: float | None = None
-
-
-class LossEvent(Record, Event, tag="losses", frozen=True):
-    """The loss the script handed to backward(), per step (`steps[i]`'s is `values[i]`; a step with several
-    backward() calls has several; None: not a finite number), read once at the end so that no step waits for it."""
-
-    steps: list[int] = msgspec.field(default_factory=list)
-    values: list[float | None] = msgspec.field(default_factory=list)
-    t: float | None = None
-
-
-class OomEvent(Record, Event, tag="cuda_oom", frozen=True):
-    """CUDA ran out of memory: the allocator's state when the error reached the script's end, and the device's."""
-
-    memory: CudaMemory | None = None
-    free: Count | None = None  # torch.cuda.mem_get_info: free and total bytes on the device (other processes too)
-    total: Count | None = None
-    requested: str | None = None  # what the allocation asked for, as the error says it ("2.00 GiB")
-    t: float | None = None
-
-
 class EndEvent(Record, Event, tag="end", frozen=True):
     """How the script's process ended: its last event (none when it was killed)."""
 
@@ -454,3 +337,12 @@ AnyEvent: TypeAlias = (
     | LossEvent | OomEvent
 )
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
+
+__all__ = [
+    "EVENT_DECODER", "AnyEvent", "BackwardSiteEvent", "CollectorEvent", "CompileEvent", "CopyRow", "CudaDevice",
+    "CudaMemory", "DynamoEvent", "EndEvent", "EnvWindowEvent", "Event", "ForkEvent", "ForwardSiteEvent", "GilSummary",
+    "HostLine", "HostLinesEvent", "LoaderEvent", "LoaderStartEvent", "LossEvent", "MaxStepsEvent", "OomEvent",
+    "OptimizerEvent", "PauseEvent", "Phases", "ProcessEvent", "ProcessFacts", "ProcessStartEvent", "RankEvent",
+    "RemedyEvent", "StartupEvent", "StartupLinesEvent", "StepEvent", "StepLessGilEvent", "StepSourceEvent", "SyncRow",
+    "ThreadStartEvent", "TorchEvent", "TorchFacts", "WindowEvent", "WindowFacts",
+]

@@ -26,6 +26,11 @@ class Record(msgspec.Struct, kw_only=True, frozen=True):
         return cast("dict[str, object]", msgspec.to_builtins(self))  # a Struct becomes an object
 
 
+class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="kind", omit_defaults=True):
+    """An events.jsonl record: its class's tag is its `kind`. Every event has its time `t` (seconds since the
+    epoch), set by the recorder when it is written."""
+
+
 class Site(Record, frozen=True):
     """A line in the user's code: where a loader was built, a copy made, a thread started."""
 

@@ -20,24 +20,22 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 from gpudoctor._version import __version__
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.budget import IDLE_SLICES, SLICE_LABELS, SLICES_OF_CATEGORY
 from gpudoctor.analysis.shares import gpu_idle_share
 from gpudoctor.analysis.summary import PhaseTime, breakdown
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Location, StartedProcess, Step
 from gpudoctor.bundle import SCHEMA_VERSION
-from gpudoctor.bundle.findings import FindingRecord, LocationJson
+from gpudoctor.bundle.findings import LocationJson
 from gpudoctor.bundle.manifest import Target, WindowSettings
 from gpudoctor.engine import EngineResult
 from gpudoctor.engine.windows import WindowStats
 from gpudoctor.report.budget import budget_json, host_lines_json
-from gpudoctor.report.cards import MAX_SOURCE_LINE, card, created_at
+from gpudoctor.report.cards import card, created_at
 from gpudoctor.report.charts import PHASE_LABELS, kernel_chart, step_chart, timeline_chart
 from gpudoctor.report.document import (
     BreakdownJson,
@@ -47,13 +45,13 @@ from gpudoctor.report.document import (
     PhaseRow,
     Report,
     RunFacts,
-    Status,
     StepRow,
     WindowRow,
     WindowSettingsJson,
 )
 from gpudoctor.report.tried import with_tried_lead
-from gpudoctor.report.units import seconds
+from gpudoctor.report.verdict import problems, shown_file, too_short, unexplained_idle, verdict, with_raised
+from gpudoctor.report.verdict import status as status_of
 
 __all__ = ["MAX_POINTS", "build_report", "link_outputs"]
 
@@ -124,7 +122,7 @@ def _started_text(group: list[StartedProcess], run: Run) -> str:
     count = "1 process" if len(group) == 1 else f"{len(group)} processes"
     runs = f" to run {first.target}" if first.target else ""
     where = first.location
-    at = f" ({_shown_file(where.file, run.manifest.cwd)}:{where.line})" if where else ""
+    at = f" ({shown_file(where.file, run.manifest.cwd)}:{where.line})" if where else ""
     return f"{count} the script started{runs}{at}"
 
 
@@ -137,158 +135,9 @@ def _unprofiled_reason(group: list[StartedProcess]) -> str:
     return f"{did}, and gpudoctor profiles only the process it runs: {their} steps are not in this report"
 
 
-def _problems(findings: list[FindingRecord]) -> list[FindingRecord]:
-    return [f for f in findings if f.severity != "info"]
-
-
-def _status(findings: list[FindingRecord], steps: list[Step], not_measured: list[NotMeasuredRow],
-            unexplained: Unexplained | None = None) -> Status:
-    """no_steps | problems | unexplained (nothing found, but the GPU idles much of the step with no finding to
-    say why) | partial (nothing found, but something was not measured) | healthy."""
-    if not steps:
-        return "no_steps"
-    if _problems(findings):
-        return "problems"
-    if unexplained is not None:
-        return "unexplained"
-    return "partial" if not_measured else "healthy"
-
-
-# A GPU that idles this share of the step or more, with no finding claiming the time, is not healthy: the
-# verdict says so and names the largest slice no finding claims. Below it lie the healthy recordings (at most 19%:
-# healthy_vision's host-side launches); pytorch/examples' dcgan idled 80% of its step with no finding.
-UNEXPLAINED_IDLE = 0.25
-
-
-@dataclass(frozen=True)
-class Unexplained:
-    """The GPU's idle that no finding claims: `share` of the step in all, the largest slice of it (`label`,
-    `slice_share`) and the line of the script that slice is most at, where one is known."""
-
-    share: float
-    label: str
-    slice_share: float
-    where: Location | None
-
-
-def unexplained_idle(run: Run, findings: list[FindingRecord]) -> Unexplained | None:
-    """The budget's idle slices that no finding with a cost claims, when they hold UNEXPLAINED_IDLE of the step."""
-    budget = run.budget
-    if budget is None:
-        return None
-    claimed = {name for f in findings if f.impact for name in SLICES_OF_CATEGORY.get(f.category, ())}
-    idle = [s for s in budget.slices if s.name in IDLE_SLICES and s.name not in claimed and s.share > 0]
-    share = sum(s.share for s in idle)
-    if share < UNEXPLAINED_IDLE:
-        return None
-    largest = max(idle, key=lambda s: s.share)
-    return Unexplained(share, SLICE_LABELS[largest.name], largest.share, _slice_line(run, largest.name))
-
-
-def _slice_line(run: Run, name: str) -> Location | None:
-    """The script's line a slice of the budget is most at: the loader's, the longest sync's, the main thread's."""
-    if name == "data_wait":
-        loader = run.sites.loader.main
-        return loader.location if loader is not None else None
-    if name == "sync" and run.sites.syncs:
-        return max(run.sites.syncs, key=lambda site: site.host_s).location
-    lines = run.sites.host_lines
-    return lines[0][0] if lines else None
-
-
-def _unexplained_text(unexplained: Unexplained, of_step: str, cwd: str | None) -> str:
-    """'GPU idle 80% of each 28.8 ms step, unexplained: no finding says why; the largest part, GPU idle: host-side
-    work (Python, launches), is 50% of the step, most at dcgan.py:231 (main).'"""
-    where = unexplained.where
-    at = (f", most at {_shown_file(where.file, cwd)}:{where.line} ({where.function})" if where is not None else "")
-    label = unexplained.label.removeprefix("GPU idle: ")
-    return (f"GPU idle {unexplained.share:.0%}{of_step}, unexplained: no finding says why; the largest part, "
-            f"{label}, is {unexplained.slice_share:.0%} of the step{at}.")
-
-
-# A run whose step is timed on few steps after the window, which the profiler slowed (or sped) this much, is too
-# short to judge: pytorch/examples' dcgan, 14 steps after a window that ran 2.85x as long.
-SHORT_RUN_STEPS = 20
-HEAVY_DISTORTION = 2.0
-
-
-def too_short(run: Run) -> str | None:
-    """Why the run is too short to judge its step by, or None."""
-    pace, ratio = run.pace, run.distortion.ratio
-    if pace.basis != "unprofiled" or pace.steps >= SHORT_RUN_STEPS or ratio is None:
-        return None
-    if 1 / HEAVY_DISTORTION < ratio < HEAVY_DISTORTION:
-        return None
-    return (f"only {pace.steps} steps ran after the profiling window, whose steps the profiler made run "
-            f"{ratio:.2f}× as long: too few to judge the step by; profile a longer run")
-
-
-# The most the verdict says the fixes save together: findings share the step's budget, one slice each, but an
-# estimate of nearly all of a step is never a promise.
-MAX_TOTAL_SAVING = 0.95
-
-
-def _verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
-             elsewhere: str | None = None, step_s: float | None = None, unexplained: Unexplained | None = None,
-             cwd: str | None = None) -> str:
-    """What the user gains, in the run's one step figure (`step_s`, the step at the run's pace): '2 problems; fixing
-    them saves ~70% of each 10.2 ms step, down to ~3.1 ms.' A GPU's idle share is said only when no saving is:
-    beside one, a reader takes it for the cost. `elsewhere` names the processes the script started to do its
-    work, when there are any."""
-    if not steps and elsewhere:
-        return (f"No training step was detected in the script's own process: its work ran in {elsewhere}, which "
-                "gpudoctor does not profile.")
-    if not steps:
-        return "No training step was detected, so there is no step time to break down."
-    problems = _problems(findings)
-    of_step = f" of each {seconds(step_s)} step" if step_s else " of each step"
-    idle_text = f"GPU idle {idle:.0%}{of_step}" if idle is not None else "GPU activity not measured"
-    if not problems and unexplained is not None:
-        return _unexplained_text(unexplained, of_step, cwd)
-    if not problems:
-        measured = "" if status == "healthy" else " in what was measured"
-        return f"{idle_text}; no problems found{measured}."
-    count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
-    total = min(MAX_TOTAL_SAVING, sum(f.impact or 0.0 for f in problems))
-    if total <= 0 and idle is None:  # nothing measured of a GPU to say first (a CPU run): what was found
-        their = "its" if len(problems) == 1 else "their"
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        return f"{count}; {their} cost{of_step} is not estimated: {problems[0].title.rstrip('.')}{more}."
-    if total <= 0:
-        return f"{idle_text}; {count}."
-    after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
-    return f"{count}; fixing {'them' if len(problems) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
-
-
 def _elsewhere(run: Run) -> str | None:
     groups = _unprofiled_groups(run)
     return " and ".join(_started_text(group, run) for group in groups) if groups else None
-
-
-def _raised(run: Run) -> str | None:
-    """'train.py raised KeyError at data.py:31, in load: 'label'.' when the script ended with an exception."""
-    ending = run.host.exit
-    if not ending.exception:
-        return None
-    target = run.manifest.target
-    where = ending.location
-    at = f" at {_shown_file(where.file, run.manifest.cwd)}:{where.line}, in {where.function}" if where else ""
-    lines = (ending.message or "").strip().splitlines()
-    said = f": {lines[0][:MAX_SOURCE_LINE]}" if lines else ""
-    return f"{target.module or target.script or 'the script'} raised {ending.exception}{at}{said}".rstrip(".") + "."
-
-
-def _shown_file(file: str, cwd: str | None) -> str:
-    """A file under the run's working directory relative to it, as the user would type it; any other as recorded."""
-    if cwd and file.startswith(cwd.rstrip(os.sep) + os.sep):
-        return os.path.relpath(file, cwd)
-    return file
-
-
-def _with_raised(run: Run, verdict: str) -> str:
-    """The verdict, after what the script raised: that comes first, before anything measured or not."""
-    raised = _raised(run)
-    return f"{raised} {verdict}" if raised else verdict
 
 
 def _command(target: Target) -> str | None:
@@ -365,12 +214,12 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     steps = run.steps
     idle = gpu_idle_share(run)
     created = created_at(run)
-    problems = _problems(result.findings)
+    found = problems(result.findings)
     not_measured = _not_measured(run)
     unexplained = unexplained_idle(run, result.findings)
-    status = _status(result.findings, steps, not_measured, unexplained)
+    status = status_of(result.findings, steps, not_measured, unexplained)
     findings = [f.to_json() for f in result.findings]  # the report, as findings.json, holds them as JSON
-    launch_bound = any(f.category == "small_batch" for f in problems)  # the kernel chart shows why
+    launch_bound = any(f.category == "small_batch" for f in found)  # the kernel chart shows why
     facts = _run_facts(run)
     facts["budget"] = budget_json(run.budget, result.findings)
     return {
@@ -378,13 +227,13 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
         "gpudoctor_version": __version__,
         "run": facts,
         "summary": {
-            "verdict": with_tried_lead(_with_raised(run, _verdict(idle, result.findings, steps, status,
+            "verdict": with_tried_lead(with_raised(run, verdict(idle, result.findings, steps, status,
                                                                   _elsewhere(run), facts["step_s"], unexplained,
                                                                   run.manifest.cwd)),
                                        facts["step_s"], findings),
             "gpu_idle_share": idle,
-            "healthy": not problems and unexplained is None,
-            "problems": len(problems), "status": status,
+            "healthy": not found and unexplained is None,
+            "problems": len(found), "status": status,
         },
         "not_measured": not_measured,
         # The phases are timed in the window's detail steps; the data wait is every step's.
