@@ -109,7 +109,9 @@ def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
     copies synchronously; the intent is lost.
 
     Fix: pin the source tensor (`pin_memory=True` in the DataLoader, or `.pin_memory()`), or drop
-    `non_blocking=True` so the code says what happens.
+    `non_blocking=True` so the code says what happens. Where the script iterates a DataLoader that does not pin
+    its batches, `--try-fixes` pins them (a framework's loop moving a batch to the GPU: Lightning's, on a rank whose
+    loader does not pin).
     """
     steps, wall = _per_step(run)
     for site in run.sites.copies:
@@ -118,6 +120,7 @@ def non_blocking_from_pageable(run: Run) -> Iterator[Finding]:
                 "non_blocking=True on a copy from unpinned memory: the copy still blocks",
                 impact=site.host_s / steps / wall, location=site.location, evidence=_copy_evidence(site, steps),
                 count=site.count, fix=f"pin the source: {_pin_where_made(run)}; or drop non_blocking=True",
+                remedy=_pinned_batches(run),
             )
 
 
