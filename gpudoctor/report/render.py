@@ -264,7 +264,7 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         lines.append(f"  rule {error['code']} failed: {error['error']}")
     if report_path:
         lines.append(f"  report: {report_path}")
-    if report["links"]["run"] and not run["trace_only"]:
+    if report["links"]["run"] and not run["trace_only"] and run["steps_analysed"]:  # diff compares steps
         run_dir = shlex.quote(report["links"]["run"])
         lines.append(f"  compare with an earlier run: gpudoctor diff EARLIER_RUN_DIR {run_dir}")
     return "\n".join(lines) + "\n"

@@ -21,7 +21,7 @@ from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
 from gpudoctor.pipeline.diffing import compare_runs, read_run
 from gpudoctor.report.diff import RunFindings, canonical_codes, compare, speedup
 from gpudoctor.report.diff_render import diff_document, diff_schema, diff_to_text, speed_phrase
-from gpudoctor.testing import fixture_path
+from gpudoctor.testing import BundleBuilder, fixture_path
 
 BAD, FIXED = "data_starvation_bad", "data_starvation_fixed"
 ALIASED_RULES = '''
@@ -308,6 +308,16 @@ def test_the_report_says_how_to_compare_with_an_earlier_run(gd: Gpudoctor) -> No
     trace_only = gd.run("analyze", str(bundle / "trace.json.gz"), "--out", "trace", "--format", "text,html")
     assert trace_only.returncode == 0 and "compare with" not in trace_only.stderr, trace_only  # diff reads no trace
     assert "Compare with" not in (gd.cwd / "trace" / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_run_without_a_step_is_not_offered_a_comparison(gd: Gpudoctor, tmp_path: Path) -> None:
+    b = BundleBuilder(tmp_path / "stepless")
+    b.process(1.0)
+    bundle = b.write()
+    result = gd.run("analyze", str(bundle), "--out", "out", "--format", "text,html")
+    assert result.returncode == 0, result
+    assert "No training step was detected" in result.stderr and "compare with" not in result.stderr, result.stderr
+    assert "Compare with" not in (gd.cwd / "out" / "report.html").read_text(encoding="utf-8")
 
 
 def test_the_diff_template_and_schema_ship_with_the_package() -> None:
