@@ -40,13 +40,19 @@ class Straggling:
         return self.slow_steps / self.steps
 
 
-def straggling(job: Job, min_steps: int = 3) -> Straggling:
+def _in_common(job: Job, min_steps: int) -> tuple[list[RankRun], list[int]]:
+    """The ranks whose traces show collectives, and the steps they all analysed, in order."""
     measured = [r for r in job.ranks if r.figures.collective_by_step]
     if len(measured) < 2:
         raise NotEvaluated("fewer than two ranks show collectives in their traces")
     common = sorted(set.intersection(*(set(r.figures.collective_by_step) for r in measured)))
     if len(common) < min_steps:
         raise NotEvaluated(f"the ranks analysed fewer than {min_steps} steps in common")
+    return measured, common
+
+
+def straggling(job: Job, min_steps: int = 3) -> Straggling:
+    measured, common = _in_common(job, min_steps)
     least = [min(measured, key=lambda r: r.figures.collective_by_step[step]) for step in common]
     slow = max(measured, key=least.count)  # the rank that is most often the last to arrive
     others = [r.figures for r in measured if r is not slow]
@@ -77,12 +83,7 @@ class Turns:
 
 def taking_turns(job: Job, min_steps: int = 3) -> Turns:
     """How the ranks wait for each other step by step, whichever is last (see Turns)."""
-    measured = [r for r in job.ranks if r.figures.collective_by_step]
-    if len(measured) < 2:
-        raise NotEvaluated("fewer than two ranks show collectives in their traces")
-    common = sorted(set.intersection(*(set(r.figures.collective_by_step) for r in measured)))
-    if len(common) < min_steps:
-        raise NotEvaluated(f"the ranks analysed fewer than {min_steps} steps in common")
+    measured, common = _in_common(job, min_steps)
     steps = {r.rank: {s.index: s for s in r.run.steps} for r in measured}
     late: dict[int, int] = {}
     waits, walls, explained = [], [], 0
