@@ -115,8 +115,9 @@ def find_outermost_model(recorder: Recorder, handles: list[Any], kept: KeptHooks
 
 
 # The models a try's remedy compiled (collect.step_remedies): their calls go through torch.compile as an
-# OptimizedModule's do, and they keep the hooks that found them as compiled models do.
-COMPILED_BY_A_TRY: weakref.WeakSet[Any] = weakref.WeakSet()
+# OptimizedModule's do, and they keep the hooks that found them as compiled models do. Told apart by identity: a
+# module class may be unhashable (a dataclass with eq=True), and a hook must never raise into the script.
+COMPILED_BY_A_TRY: list[weakref.ref[Any]] = []
 
 
 def compiled(mod: Any) -> bool:
@@ -124,7 +125,7 @@ def compiled(mod: Any) -> bool:
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     optimized = getattr(eval_frame, "OptimizedModule", None)
     return (isinstance(optimized, type) and isinstance(mod, optimized)) or (
-        getattr(mod, "_compiled_call_impl", None) is not None) or mod in COMPILED_BY_A_TRY
+        getattr(mod, "_compiled_call_impl", None) is not None) or any(ref() is mod for ref in COMPILED_BY_A_TRY)
 
 
 class _ClassPatch:

@@ -121,7 +121,7 @@ class StepRemedies:
             return __call__
 
         self._patches.wrap(type(model), "__call__", make)
-        COMPILED_BY_A_TRY.add(model)
+        COMPILED_BY_A_TRY.append(weakref.ref(model))
         self.said(f'torch.compile({type(model).__name__}, backend="{backend}") on the model the loop calls')
 
     def _autocast(self, model: Any, dtype_name: str) -> None:
