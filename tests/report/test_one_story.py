@@ -11,9 +11,9 @@ import pytest
 from gpudoctor.engine import diagnose_windows
 from gpudoctor.pipeline import RuleSelection, prepare_rules
 from gpudoctor.report import build_report
-from gpudoctor.report.verdict import MAX_TOTAL_SAVING
 from gpudoctor.report.render import to_text
 from gpudoctor.report.units import seconds
+from gpudoctor.report.verdict import MAX_TOTAL_SAVING
 from gpudoctor.testing import available_fixtures, load_fixture
 
 FIXTURES = available_fixtures()
