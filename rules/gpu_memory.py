@@ -28,8 +28,9 @@ def allocator_retries(run: Run, min_mallocs_per_step: float = 1.0) -> Iterator[F
     returns its cache to the driver and allocates again, synchronizing the device each time, inside the step.
     The same fragmentation is how a job runs out of memory with gigabytes reserved but unused.
 
-    Example: batches of 1280 to 3072 tokens through a model that fills most of an H100, retrying in one step
-    of three.
+    Example: batches of 1024 to 4096 tokens, in shuffled lengths, through a model whose weights leave the
+    activations little more room than the longest batch needs (fixtures/to_record/allocator_retries_bad.py,
+    whose recording will give this rule's figures).
 
     Fix: `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` in the job's environment (set before CUDA starts):
     segments grow in place instead of being split and cached by size. Its gain cannot be predicted from the
