@@ -6,7 +6,10 @@ import sys
 
 import pytest
 
+from conftest import checked_findings
 from gpu.conftest import Suite, assert_reported, assert_within_bound, script
+from gpudoctor.bundle import read_jsonl
+from gpudoctor.bundle.events import EVENT_DECODER, CompileEvent
 
 PYTHON = sys.executable
 LOOP = script("loop.py")
@@ -71,6 +74,27 @@ def test_try_fixes_on_a_starved_loader(suite: Suite) -> None:
     assert tried, profiled.stderr
     assert_within_bound(profiled.wall_s, plain.wall_s * (1 + len(tried)))
     assert_reported(run_dir)
+
+
+def test_try_fixes_all_compiles_and_autocasts_the_model(suite: Suite) -> None:
+    """The numerics tier tried on the GPU: the loop's model run through torch.compile (inductor) and under bf16
+    autocast inside the user's process, each try measured, the compiled model one graph, and nothing left."""
+    command = [PYTHON, LOOP, "--steps", "60", "--workers", "2", "--pin"]
+    plain = suite.plain(command)
+    profiled, run_dir = suite.profiled(["--try-fixes=all", "--rules", script("numerics_rules.py")], command)
+    suite.record(plain, profiled)
+    assert profiled.returncode == plain.returncode == 0, profiled.stderr
+    assert profiled.lines == plain.lines
+    assert_reported(run_dir)
+    found = {f["code"]: f["tried"] for f in checked_findings(run_dir / "findings.json")["findings"]}
+    for code in ("SUITE301", "SUITE302"):
+        assert found[code]["status"] == "measured" and found[code]["tier"] == "numerics", found[code]
+    assert found["SUITE301"]["compile_s"] > 0
+    # the diagnosed run and its two tries, each bounded as one run, and the compilation inductor needs
+    assert_within_bound(profiled.wall_s, plain.wall_s * 3 + found["SUITE301"]["compile_s"])
+    frames = [e for e in read_jsonl(run_dir / "tries" / "SUITE301" / "events.jsonl", EVENT_DECODER)
+              if isinstance(e, CompileEvent)]
+    assert frames and not [f for f in frames if "torch_dynamo_resume" in (f.function or "")], frames
 
 
 def test_lightning_on_one_gpu(suite: Suite) -> None:
