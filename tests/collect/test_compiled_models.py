@@ -23,3 +23,24 @@ def test_a_compiled_model_runs_under_the_hooks_in_evaluation_and_training(gd: Gp
     assert len([e for e in result.events(StepEvent) if e.source == "optimizer"]) == 12
     assert {e.site.function for e in result.events(ForwardSiteEvent) if e.site} == {"evaluate", "main"}
     assert result.findings()["run"]["step_source"] == "optimizer"
+
+
+def test_a_model_a_try_compiled_is_known_by_identity_even_when_its_class_cannot_be_hashed() -> None:
+    import weakref
+
+    from torch import nn
+
+    from gpudoctor.collect.step_hooks import COMPILED_BY_A_TRY, compiled
+
+    class Unhashable(nn.Module):  # as a dataclass with eq=True is
+        __hash__ = None  # type: ignore[assignment]
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Unhashable)
+
+    model, other = Unhashable(), Unhashable()
+    COMPILED_BY_A_TRY.append(weakref.ref(model))
+    try:
+        assert compiled(model) and not compiled(other)  # equal to the model, and not it
+    finally:
+        COMPILED_BY_A_TRY.pop()
