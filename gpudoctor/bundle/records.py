@@ -6,6 +6,7 @@ measured" is None, never zero.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, cast
 
 import msgspec
@@ -37,3 +38,13 @@ class Site(Record, frozen=True):
     file: str
     line: int = 0
     function: str = ""
+
+
+_TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def first_line(message: str | None, limit: int = 200) -> str:
+    """An exception's message as a sentence quotes it: its first line, without terminal colour codes or the spaces
+    around it, cut at `limit` characters ('' for none)."""
+    lines = _TERMINAL_ESCAPE.sub("", message or "").strip().splitlines()
+    return lines[0].strip()[:limit] if lines else ""

@@ -6,6 +6,8 @@ import functools
 import os
 import sys
 import sysconfig
+import traceback
+from collections.abc import Sequence
 from types import FrameType
 
 from gpudoctor.bundle.records import Site
@@ -75,19 +77,45 @@ def user_frame(skip: int = 1) -> FrameType | None:
 
 def user_frame_from(frame: FrameType | None) -> FrameType | None:
     """`user_frame` of a stack that starts at `frame` (another thread's, say)."""
-    torch_dir = _dir_of("torch")
-    libraries = _libraries()
+    torch_dir, libraries = _dir_of("torch"), _libraries()
     fallback = None
     while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith("<"):
-            path = _realpath(filename)
-            if not _is_internal(path, torch_dir):
-                if not path.startswith(libraries):
-                    return frame
-                fallback = fallback or frame
+        whose = _whose(frame.f_code.co_filename, torch_dir, libraries)
+        if whose == "user":
+            return frame
+        if whose == "library":
+            fallback = fallback or frame
         frame = frame.f_back
     return fallback
+
+
+def user_site_in(frames: Sequence[traceback.FrameSummary]) -> Site | None:
+    """The line of a traceback (innermost last) that `user_frame` would choose: the innermost in the user's code,
+    else the innermost outside torch and gpudoctor; failing both, the line that raised."""
+    torch_dir, libraries = _dir_of("torch"), _libraries()
+    fallback = None
+    for summary in reversed(frames):
+        whose = _whose(summary.filename, torch_dir, libraries)
+        if whose == "user":
+            return _site_of(summary)
+        if whose == "library":
+            fallback = fallback or summary
+    chosen = fallback or (frames[-1] if frames else None)
+    return _site_of(chosen) if chosen is not None else None
+
+
+def _whose(filename: str, torch_dir: str | None, libraries: tuple[str, ...]) -> str:
+    """'user', 'library' (an installed package or the stdlib) or 'internal' (torch, gpudoctor, generated code)."""
+    if filename.startswith("<"):
+        return "internal"
+    path = _realpath(filename)
+    if _is_internal(path, torch_dir):
+        return "internal"
+    return "library" if path.startswith(libraries) else "user"
+
+
+def _site_of(summary: traceback.FrameSummary) -> Site:
+    return Site(file=summary.filename, line=summary.lineno or 0, function=summary.name)
 
 
 def location(frame: FrameType | None) -> Site | None:

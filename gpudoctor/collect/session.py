@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpudoctor.bundle import EXITING
 from gpudoctor.bundle.events import ProcessEvent, RankEvent
-from gpudoctor.bundle.records import Site
+from gpudoctor.collect.callsite import user_site_in
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.instrument import Instrumentation
 from gpudoctor.collect.recorder import ExceptionDetails, Recorder, set_active
@@ -165,10 +165,9 @@ def env_int(name: str) -> int | None:
 
 
 def exception_details(exc: BaseException) -> ExceptionDetails:
-    frames = traceback.extract_tb(exc.__traceback__)
-    last = frames[-1] if frames else None
-    where = Site(file=last.filename, line=last.lineno or 0, function=last.name) if last else None
-    return type(exc).__qualname__, str(exc)[:4000], where
+    """The exception's name, its message, and the user's line it passed through last (not torch's, which raised
+    it: the user changes their own line)."""
+    return type(exc).__qualname__, str(exc)[:4000], user_site_in(traceback.extract_tb(exc.__traceback__))
 
 
 def let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:

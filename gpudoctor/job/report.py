@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 from gpudoctor.bundle import REPORT
 from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.bundle.records import first_line
 from gpudoctor.engine import EngineResult
 from gpudoctor.job.launcher import launcher_of
 from gpudoctor.job.merge import JobDiagnosis
@@ -154,8 +155,8 @@ def _crash(rank_run: RankRun) -> str:
     exception = exit_info.exception if exit_info else None
     status = f" (status {exit_info.status})" if exit_info and exit_info.status is not None else ""
     if exception is not None and exception.exception:
-        message = (exception.message or "").strip().splitlines()
-        said = f": {message[0][:200]}" if message else ""
+        line = first_line(exception.message)
+        said = f": {line}" if line else ""
         return f"Rank {rank_run.rank} raised {exception.exception}{said}".rstrip(".") + "."
     return f"Rank {rank_run.rank} ended by {rank_run.figures.ending}{status}."
 

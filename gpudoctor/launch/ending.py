@@ -6,6 +6,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from gpudoctor.bundle.events import EndEvent
+from gpudoctor.bundle.records import first_line
 from gpudoctor.errors import EXIT_TIMEOUT
 from gpudoctor.launch.supervisor import Supervisor, exit_status_of
 
@@ -30,7 +31,8 @@ def describe_ending(request: ProfileRequest, returncode: int, end: EndEvent | No
             return "interrupted", status, f"{name} was interrupted (Ctrl-C)."
         return "signal", status, f"{name} was killed by {sig.name} (exit status {status})."
     if end is not None and end.reason == "exception":
-        return "exception", status, f"{name} raised {end.exception}: {(end.message or '')[:200]}"
+        line = first_line(end.message)
+        return "exception", status, f"{name} raised {end.exception}" + (f": {line}" if line else ".")
     if status != 0:
         return "exit", status, f"{name} exited with status {status}."
     return "completed", 0, None

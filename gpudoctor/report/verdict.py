@@ -11,6 +11,7 @@ from gpudoctor.analysis import Run
 from gpudoctor.analysis.budget import IDLE_SLICES, SLICE_LABELS, SLICES_OF_CATEGORY
 from gpudoctor.analysis.views import Location, Step
 from gpudoctor.bundle.findings import FindingRecord
+from gpudoctor.bundle.records import first_line
 from gpudoctor.report.cards import MAX_SOURCE_LINE
 from gpudoctor.report.document import NotMeasuredRow, Status
 from gpudoctor.report.units import seconds
@@ -147,8 +148,8 @@ def _raised(run: Run) -> str | None:
     target = run.manifest.target
     where = ending.location
     at = f" at {shown_file(where.file, run.manifest.cwd)}:{where.line}, in {where.function}" if where else ""
-    lines = (ending.message or "").strip().splitlines()
-    said = f": {lines[0][:MAX_SOURCE_LINE]}" if lines else ""
+    line = first_line(ending.message, MAX_SOURCE_LINE)
+    said = f": {line}" if line else ""
     return f"{target.module or target.script or 'the script'} raised {ending.exception}{at}{said}".rstrip(".") + "."
 
 

@@ -16,6 +16,7 @@ from gpudoctor import bundle
 from gpudoctor.analysis import Run
 from gpudoctor.bundle.events import EVENT_DECODER, StepEvent
 from gpudoctor.bundle.manifest import Manifest
+from gpudoctor.bundle.records import first_line
 from gpudoctor.errors import BundleError
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "bundles" / "blocking_copy_d2h_bad"
@@ -128,3 +129,19 @@ def test_every_recorded_fixture_reads_and_writes_back_the_same_records() -> None
         manifest = bundle.read_manifest(path)
         assert msgspec.json.decode(bundle.jsonio.encode(manifest), type=Manifest) == manifest, path.name
         assert any(isinstance(e, StepEvent) for e in events), path.name
+
+
+@pytest.mark.parametrize(("message", "line"), [
+    ("bad batch", "bad batch"),
+    ("Load failed. Read \x1b[1monly if you trust it\x1b[0m. \n\tdetails", "Load failed. Read only if you trust it."),
+    ("\n  CUDA out of memory.  \nmore", "CUDA out of memory."),
+    ("", ""),
+    (None, ""),
+])
+def test_an_exceptions_message_is_quoted_by_its_first_line_without_terminal_codes(message: str | None,
+                                                                                    line: str) -> None:
+    assert first_line(message) == line
+
+
+def test_a_quoted_message_is_cut_at_its_limit() -> None:
+    assert first_line("x" * 300) == "x" * 200 and first_line("abcdef", 3) == "abc"

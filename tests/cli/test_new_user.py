@@ -115,6 +115,31 @@ def test_the_verdict_names_the_exception_and_where_first(gd: Gpudoctor) -> None:
     assert verdict in (result.run_dir / "report.html").read_text()
 
 
+RAISED_IN_TORCH = """\
+import torch
+
+import gpudoctor
+
+
+def load_checkpoint():
+    return torch.load("missing.pt")
+
+
+for _ in range(4):
+    gpudoctor.step()
+load_checkpoint()
+"""
+
+
+def test_an_exception_torch_raises_is_told_at_the_users_line(gd: Gpudoctor) -> None:
+    (gd.cwd / "resume.py").write_text(RAISED_IN_TORCH)
+    result = gd.profile("resume.py", options=WINDOW)
+    assert result.returncode == 1, result
+    raised = ("gpudoctor: resume.py raised FileNotFoundError at resume.py:7, in load_checkpoint: "
+              "[Errno 2] No such file or directory: 'missing.pt'. ")
+    assert result.first_message.startswith(raised), result
+
+
 def test_without_the_summary_the_ending_sentence_still_names_the_exception(gd: Gpudoctor) -> None:
     (gd.cwd / "boom.py").write_text(RAISES)
     result = gd.profile("boom.py", options=(*WINDOW, "--format", "json"))

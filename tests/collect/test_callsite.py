@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 
 from gpudoctor.bundle.records import Site
+from gpudoctor.collect.callsite import user_site_in
 from gpudoctor.collect.window_hooks import _site_and_library
 
 LIBRARY = '''
@@ -70,3 +72,30 @@ def test_a_call_a_library_makes_for_the_users_line_names_the_library(tmp_path, m
     site, via = _sync_wrapper()  # the user's own call
     assert via is None
     assert site is not None and site.function == "test_a_call_a_library_makes_for_the_users_line_names_the_library"
+
+
+# -- the line an exception is told at -------------------------------------------------------------------------
+def _raised_through(*frames: tuple[str, int, str]) -> list[traceback.FrameSummary]:
+    return [traceback.FrameSummary(file, line, function) for file, line, function in frames]
+
+
+def test_an_exception_raised_inside_torch_is_told_at_the_users_line() -> None:
+    import torch
+
+    inside_torch = str(Path(torch.__file__).parent / "serialization.py")
+    frames = _raised_through(("/project/train.py", 12, "<module>"), ("/project/train.py", 47, "load_data"),
+                             (inside_torch, 1609, "load"))
+    assert user_site_in(frames) == Site(file="/project/train.py", line=47, function="load_data")
+
+
+def test_an_exception_no_user_line_passed_is_told_at_the_innermost_library_line_else_where_it_was_raised() -> None:
+    import json
+
+    import torch
+
+    library, inside_torch = json.__file__, str(Path(torch.__file__).parent / "nn" / "modules" / "module.py")
+    frames = _raised_through((library, 3, "loads"), (inside_torch, 1775, "_call_impl"))
+    assert user_site_in(frames) == Site(file=library, line=3, function="loads")
+    assert user_site_in(_raised_through((inside_torch, 1775, "_call_impl"))) == Site(
+        file=inside_torch, line=1775, function="_call_impl")
+    assert user_site_in([]) is None
