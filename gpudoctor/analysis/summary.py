@@ -113,7 +113,7 @@ def step_bars(steps: Sequence[Step], max_rows: int = MAX_STEP_ROWS) -> StepBars 
         return None
     groups = _groups(steps, max_rows)
     bars = tuple(_bar(group) for group in groups)
-    shown = {p.phase for bar in bars for p in bar.phases}
+    shown = {p.phase for bar in bars for p in bar.phases if p.mean_s > 0}
     return StepBars(bars=bars, steps_per_row=len(groups[0]), max_s=max(b.wall_s for b in bars),
                     phases=tuple(p for p in PHASES if p in shown), has_gpu=any(b.gpu is not None for b in bars))
 

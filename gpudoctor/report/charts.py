@@ -47,8 +47,12 @@ MAX_KERNEL_NAME = 160
 
 
 # -- per-step bars ---------------------------------------------------------------------------------
-def _step_bar(bar: StepBar) -> StepBarRow:
-    host: list[HostSegment] = [{"key": p.phase, "label": PHASE_LABELS[p.phase], "s": p.mean_s, "share": p.share}
+# The host's time of a bar that no phase splits: what is not the wait for data is the rest of the step.
+UNSPLIT_PHASES = frozenset({"data_wait", "other"})
+
+
+def _step_bar(bar: StepBar, labels: dict[str, str]) -> StepBarRow:
+    host: list[HostSegment] = [{"key": p.phase, "label": labels[p.phase], "s": p.mean_s, "share": p.share}
                                for p in bar.phases]
     gpu: GpuBar | None = None
     if bar.gpu is not None:
@@ -58,13 +62,18 @@ def _step_bar(bar: StepBar) -> StepBarRow:
 
 
 def step_chart(steps: list[Step]) -> StepChart | None:
-    """Per analysed step (see analysis.summary.step_bars): host time by phase, and GPU busy vs idle."""
+    """Per analysed step (see analysis.summary.step_bars): host time by phase where the steps timed their phases
+    (else the wait for data and the rest of the step), and GPU busy vs idle."""
     bars = step_bars(steps)
     if bars is None:
         return None
+    by_phase = not set(bars.phases) <= UNSPLIT_PHASES
+    rest = "the rest of the step" if "data_wait" in bars.phases else "the step"
+    labels = PHASE_LABELS if by_phase else {**PHASE_LABELS, "other": rest}
     return {
-        "rows": [_step_bar(b) for b in bars.bars], "steps_per_row": bars.steps_per_row, "max_s": bars.max_s,
-        "legend": [{"key": p, "label": PHASE_LABELS[p]} for p in bars.phases], "has_gpu": bars.has_gpu,
+        "rows": [_step_bar(b, labels) for b in bars.bars], "steps_per_row": bars.steps_per_row, "max_s": bars.max_s,
+        "legend": [{"key": p, "label": labels[p]} for p in bars.phases], "has_gpu": bars.has_gpu,
+        "by_phase": by_phase,
     }
 
 
@@ -97,7 +106,7 @@ def ranks_chart(times: list[tuple[int, RankTimeJson]]) -> StepChart | None:
         rows.append({"label": f"rank {rank}", "first": rank, "last": rank, "wall_s": step, "host": host, "gpu": None})
     shown = [key for key, _ in RANK_SEGMENTS if any(seg["key"] == key for row in rows for seg in row["host"])]
     return {"rows": rows, "steps_per_row": 1, "max_s": max(row["wall_s"] for row in rows),
-            "legend": [{"key": key, "label": labels[key]} for key in shown], "has_gpu": False}
+            "legend": [{"key": key, "label": labels[key]} for key in shown], "has_gpu": False, "by_phase": False}
 
 
 # -- the timeline ----------------------------------------------------------------------------------

@@ -227,6 +227,9 @@ class StepChart(TypedDict):
     max_s: float
     legend: list[LegendItem]
     has_gpu: bool
+    # Whether the bars split the host's time by phase: the analysed steps run without gpudoctor's per-call hooks,
+    # so a bundle that times the phases in the detail steps after them draws these bars as data wait and the rest.
+    by_phase: bool
 
 
 # -- the timeline --------------------------------------------------------------------------------------

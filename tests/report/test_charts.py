@@ -1,14 +1,22 @@
-"""The charts stay readable: a few waits far above the rest do not flatten the loader's chart, and the kernel
-histogram's labels never overlap."""
+"""The charts stay readable: a few waits far above the rest do not flatten the loader's chart, the kernel
+histogram's labels never overlap, and the per-step bars split the step by phase only where those steps timed it."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+import pytest
 
 from gpudoctor.analysis.timeline import Panel, Series
-from gpudoctor.report import svg
+from gpudoctor.engine import diagnose_windows
+from gpudoctor.pipeline import RuleSelection, prepare_rules
+from gpudoctor.report import build_report, svg
 from gpudoctor.report.charts import _bin_label, _panel
-from gpudoctor.report.document import KernelBinRow, KernelChart, TimelineChart
+from gpudoctor.report.document import KernelBinRow, KernelChart, Report, TimelineChart
+from gpudoctor.report.model import link_outputs
+from gpudoctor.report.render import to_html
+from gpudoctor.testing import available_fixtures, load_fixture
 
 
 def _loader_panel(values: list[float | None]) -> Panel:
@@ -56,3 +64,40 @@ def test_the_kernel_histograms_labels_never_overlap() -> None:
             assert y != y2 or right <= left2, (left, right, y, left2, y2)
     rows = {y for _, _, y in spans}
     assert len(rows) == 2  # every other label one row lower
+
+
+# -- the per-step bars and the phase table tell one story ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def prepared():
+    return prepare_rules(RuleSelection())
+
+
+def _report(name: str, prepared) -> Report:
+    run = load_fixture(name)
+    diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
+    return build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules}, diagnosis.windows)
+
+
+@pytest.mark.parametrize("name", available_fixtures())
+def test_the_step_bars_split_by_phase_only_where_their_steps_timed_the_phases(name: str, prepared) -> None:
+    """The analysed steps run without the per-call hooks: where the phases are timed in the detail steps after
+    them, their bars show the wait for data and the rest, never a whole step of 'other host time' beside a table
+    that splits the same step into forward, backward and the optimizer."""
+    report = _report(name, prepared)
+    chart = report["charts"]["steps"]
+    assert chart is not None
+    keys = {item["key"] for item in chart["legend"]}
+    labels = {item["label"] for item in chart["legend"]}
+    drawn = {segment["key"] for row in chart["rows"] for segment in row["host"] if segment["s"] > 0}
+    assert keys == drawn, (keys, drawn)  # a key for what is drawn, and only for it
+    split = [p["phase"] for p in report["breakdown"]["phases"] if p["phase"] not in ("data_wait", "other")]
+    if chart["by_phase"]:
+        assert keys - {"data_wait", "other"}, keys
+        assert "other host time" in labels or "other" not in keys
+    else:
+        assert keys <= {"data_wait", "other"} and "other host time" not in labels, labels
+        assert "other" not in keys or labels & {"the rest of the step", "the step"}
+        html = to_html(link_outputs(report, Path(report["links"]["run"])))
+        assert "timed without gpudoctor's per-call hooks" in html
+        if split:
+            assert "the table below splits the step by phase" in html
