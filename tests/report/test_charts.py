@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.analysis.timeline import Panel, Series
-from gpudoctor.engine import diagnose_windows
-from gpudoctor.pipeline import RuleSelection, prepare_rules
-from gpudoctor.report import build_report, svg
+from gpudoctor.report import svg
 from gpudoctor.report.charts import _bin_label, _panel
-from gpudoctor.report.document import KernelBinRow, KernelChart, Report, TimelineChart
+from gpudoctor.report.document import KernelBinRow, KernelChart, TimelineChart
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html
-from gpudoctor.testing import available_fixtures, load_fixture
+from gpudoctor.testing import available_fixtures
+from report.test_one_story import report_of
 
 
 def _loader_panel(values: list[float | None]) -> Panel:
@@ -67,23 +66,12 @@ def test_the_kernel_histograms_labels_never_overlap() -> None:
 
 
 # -- the per-step bars and the phase table tell one story ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def prepared():
-    return prepare_rules(RuleSelection())
-
-
-def _report(name: str, prepared) -> Report:
-    run = load_fixture(name)
-    diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
-    return build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules}, diagnosis.windows)
-
-
 @pytest.mark.parametrize("name", available_fixtures())
-def test_the_step_bars_split_by_phase_only_where_their_steps_timed_the_phases(name: str, prepared) -> None:
+def test_the_step_bars_split_by_phase_only_where_their_steps_timed_the_phases(name: str) -> None:
     """The analysed steps run without the per-call hooks: where the phases are timed in the detail steps after
     them, their bars show the wait for data and the rest, never a whole step of 'other host time' beside a table
     that splits the same step into forward, backward and the optimizer."""
-    report = _report(name, prepared)
+    report = report_of(name)
     chart = report["charts"]["steps"]
     assert chart is not None
     keys = {item["key"] for item in chart["legend"]}

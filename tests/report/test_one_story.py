@@ -4,13 +4,15 @@ findings' own."""
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
 
 from gpudoctor.engine import diagnose_windows
-from gpudoctor.pipeline import RuleSelection, prepare_rules
+from gpudoctor.pipeline import PreparedRules, RuleSelection, prepare_rules
 from gpudoctor.report import build_report
+from gpudoctor.report.document import Report
 from gpudoctor.report.render import to_text
 from gpudoctor.report.units import seconds
 from gpudoctor.report.verdict import MAX_TOTAL_SAVING
@@ -19,20 +21,22 @@ from gpudoctor.testing import available_fixtures, load_fixture
 FIXTURES = available_fixtures()
 
 
-@pytest.fixture(scope="module")
-def prepared():
+@functools.cache
+def _built_in_rules() -> PreparedRules:
     return prepare_rules(RuleSelection())
 
 
-def _report(name: str, prepared) -> dict:
+def report_of(name: str) -> Report:
+    """The report of a recorded fixture, diagnosed by the built-in rules."""
+    prepared = _built_in_rules()
     run = load_fixture(name)
     diagnosis = diagnose_windows(run, prepared.rules, prepared.options, prepared.limits)
     return build_report(diagnosis.run, diagnosis.result, {r.code: r.doc for r in prepared.rules}, diagnosis.windows)
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_every_figure_of_the_step_is_the_runs_pace(name: str, prepared) -> None:
-    report = _report(name, prepared)
+def test_every_figure_of_the_step_is_the_runs_pace(name: str) -> None:
+    report = report_of(name)
     step = report["run"]["step_s"]
     assert step, name
     budget = report["run"].get("budget")
@@ -48,8 +52,8 @@ def test_every_figure_of_the_step_is_the_runs_pace(name: str, prepared) -> None:
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_the_headline_says_what_the_fixes_save_of_that_step(name: str, prepared) -> None:
-    report = _report(name, prepared)
+def test_the_headline_says_what_the_fixes_save_of_that_step(name: str) -> None:
+    report = report_of(name)
     step, verdict = report["run"]["step_s"], report["summary"]["verdict"]
     problems = [f for f in report["findings"] if f["severity"] != "info"]
     total = min(MAX_TOTAL_SAVING, sum(f["impact"] or 0.0 for f in problems))
