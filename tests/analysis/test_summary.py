@@ -103,7 +103,9 @@ def test_many_steps_are_grouped_into_at_most_max_rows_bars_that_cover_every_step
     assert bars.bars[0].first == 0 and bars.bars[-1].last == 99
     assert all(b.first == a.last + 1 for a, b in zip(bars.bars, bars.bars[1:]))  # consecutive, none skipped
     assert bars.max_s == max(b.wall_s for b in bars.bars)
-    assert bars.phases == PHASES and bars.has_gpu
+    # the phases the steps spent time in, in PHASES' order; copies and syncs, which these steps had none of, have
+    # no key in the legend
+    assert bars.phases == ("data_wait", "forward", "backward", "optimizer", "other") and bars.has_gpu
 
 
 def test_each_bars_host_phases_add_up_to_its_wall_time_and_its_gpu_time_too(tmp_path: Path) -> None:
