@@ -9,8 +9,8 @@ from typing import Any
 # A fix of the tier that keeps the computation moves the loss only through what the fix does not decide: the
 # script's randomness (an unseeded run, random samples drawn in loader workers instead of the main process) and the
 # order float sums are rounded in (a fused optimizer).
-KEPT = (" (this fix keeps the computation: the script's own randomness, such as random data drawn in loader workers, "
-        "or sums rounded in another order, moved it)")
+SAME_TIER_NOTE = (" (this fix keeps the computation: the script's own randomness, such as random data drawn in "
+                  "loader workers, or sums rounded in another order, moved it)")
 
 
 def numerics_note(tried: Mapping[str, Any]) -> str:
@@ -18,7 +18,7 @@ def numerics_note(tried: Mapping[str, Any]) -> str:
     parts = []
     delta = tried.get("loss_delta")
     if delta is not None:
-        kept = KEPT if tried.get("tier") == "same" else ""
+        kept = SAME_TIER_NOTE if tried.get("tier") == "same" else ""
         parts.append("the loss did not move from the diagnosed run's" if delta == 0 else
                      f"the loss moved {delta:.2%} from the diagnosed run's{kept}")
     compile_s = tried.get("compile_s")
