@@ -167,7 +167,11 @@ def env_int(name: str) -> int | None:
 def exception_details(exc: BaseException) -> ExceptionDetails:
     """The exception's name, its message, and the user's line it passed through last (not torch's, which raised
     it: the user changes their own line)."""
-    return type(exc).__qualname__, str(exc)[:4000], user_site_in(traceback.extract_tb(exc.__traceback__))
+    try:
+        where = user_site_in(traceback.extract_tb(exc.__traceback__))
+    except Exception:  # noqa: BLE001 - the script's exception is still recorded and shown, without a line
+        where = None
+    return type(exc).__qualname__, str(exc)[:4000], where
 
 
 def let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:

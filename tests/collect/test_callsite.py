@@ -99,3 +99,16 @@ def test_an_exception_no_user_line_passed_is_told_at_the_innermost_library_line_
     assert user_site_in(_raised_through((inside_torch, 1775, "_call_impl"))) == Site(
         file=inside_torch, line=1775, function="_call_impl")
     assert user_site_in([]) is None
+
+
+def test_an_exception_whose_frames_cannot_be_placed_is_still_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudoctor.collect import session
+
+    def cannot_place(frames: object) -> None:
+        raise TypeError("a sys.path entry that is not a path")
+
+    monkeypatch.setattr(session, "user_site_in", cannot_place)
+    try:
+        raise ValueError("bad batch")
+    except ValueError as exc:
+        assert session.exception_details(exc) == ("ValueError", "bad batch", None)
