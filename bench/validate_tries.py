@@ -65,10 +65,6 @@ TRY_PAIRS = (
             "pinned loader batches; the twin's fix is a BatchSampler (GD101), not this one"),
     TryPair("GD201", "blocking_copy_bad", "blocking_copy_fixed"),
     TryPair("GD201", "inference_pageable_bad", "inference_pageable_fixed"),
-)
-# The slow-step pairs whose scripts wait in fixtures/to_record/: each joins TRY_PAIRS once its bundles are recorded
-# (gpudoctor.testing.pairs.AWAITING_RECORDING).
-AWAITING_TRY_PAIRS = (
     TryPair("GD311", "precision_fp32_bad", "precision_tf32_fixed", "TF32 (its bf16 twin is a what-if)", numerics=True),
     TryPair("GD312", "optimizer_foreach_bad", "optimizer_fused_fixed"),
     TryPair("GD313", "elementwise_eager_bad", "elementwise_compiled_fixed", "compile time reported apart",
@@ -125,8 +121,8 @@ def _gpu(machine: dict[str, Any]) -> str:
 def record(out: Path, only: set[str], plain_runs: int, timeout_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows, machine = [], machine_facts()
-    for pair in (*TRY_PAIRS, *AWAITING_TRY_PAIRS):
-        if (only and pair.bad not in only) or (not only and pair in AWAITING_TRY_PAIRS):
+    for pair in TRY_PAIRS:
+        if only and pair.bad not in only:
             continue
         row = {**record_pair(pair, out, plain_runs, timeout_s), "machine": _gpu(machine)}
         rows.append(row)
@@ -168,7 +164,7 @@ def _ms(value: float | None) -> str:
 
 
 def table(document: dict[str, Any]) -> str:
-    notes = {(p.bad, p.code): p.note for p in (*TRY_PAIRS, *AWAITING_TRY_PAIRS)}
+    notes = {(p.bad, p.code): p.note for p in TRY_PAIRS}
     lines = [("| pair | machine | finding | predicted | tried | twin | tried within ±10% of twin | "
               "step: diagnosed → tried (twin's) | tried step within ±10% of twin's | "
               "predicted within ±30% of twin | try |"),

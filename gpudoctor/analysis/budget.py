@@ -22,6 +22,13 @@ the data wait is timed cheaply in every step, so the budget's `data_wait` is the
 start-up (as the input-pipeline rules size their savings), the other slices scaled to fill the rest, and its
 seconds are of the step the report's savings are given against (analysis.timebase.step_time).
 
+Nor does a window of a few steps see the steps that stall now and then: a checkpoint written every 10 steps, a
+loader that starts its workers again at each epoch. Their time beyond the usual step, past their own wait for
+data, is `stall`, a share of every step after start-up like the wait (analysis.stalls.stalled_share), so that the
+time they take is claimed by the rules that name them (GD701, GD702), not by the host-side slices the window's
+steps split into: startup_workers_bad's 128 workers started at each epoch of 15 steps make its mean step 145 ms
+against a usual 2.5 ms, and scaling the window's launch-bound split to 145 ms had GD301 claim 85% of it.
+
 The profiler slows the steps it records: CUPTI's records cost every CUDA call on the host, 1.3x to 1.7x on a
 launch-bound step for as long as it is on (bench/window_warmup.py, docs/performance.md), and the GPU idles the
 longer between launches. When that step is the mean of the steps after the window, the profiled steps' excess
@@ -43,10 +50,11 @@ from gpudoctor.analysis.gpu import GpuView
 from gpudoctor.analysis.trace import SYNC_CALLS, HostSpan, TraceData
 from gpudoctor.analysis.views import Step
 
-SLICES = ("gpu_busy", "collective", "data_wait", "sync", "copy", "host", "unexplained")
+SLICES = ("gpu_busy", "collective", "data_wait", "stall", "sync", "copy", "host", "unexplained")
 SLICE_LABELS = {
     "gpu_busy": "GPU computing", "collective": "GPU in collectives (waiting for other ranks included)",
     "data_wait": "GPU idle: host waiting for data",
+    "stall": "GPU idle: steps that stall now and then (a save, an evaluation, workers started again)",
     "sync": "GPU idle: host blocked in a sync, or refilling the queue it drained",
     "copy": "Copies not overlapped, and GPU idle in a blocking copy",
     "host": "GPU idle: host-side work (Python, launches)",
@@ -62,6 +70,9 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
     "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
     "straggler": ("collective",), "communication": ("collective",), "precision": ("gpu_busy",),
     "optimizer": ("host", "unexplained"), "compile": ("host", "unexplained"), "gpu_memory": ("host", "unexplained"),
+    # A periodic stall's excess over the usual step; the start-up's later worker starts, with the first batch's
+    # wait after each (GD702's impact counts both).
+    "periodic_stall": ("stall",), "startup": ("stall", "data_wait"),
 }
 # Categories whose findings name a cause of the time another category's claim also holds: the GPU idles while the
 # host launches a per-tensor optimizer loop or unfused elementwise kernels, or waits in cudaMalloc and cudaFree,
@@ -71,7 +82,7 @@ CLAIMED_WITHIN: dict[str, str] = {"optimizer": "small_batch", "compile": "small_
 
 
 # The slices in which the GPU idles (a blocking copy's slice also holds copies with no kernel beside them).
-IDLE_SLICES = ("data_wait", "sync", "host", "unexplained")
+IDLE_SLICES = ("data_wait", "stall", "sync", "host", "unexplained")
 
 # The slices the profiler's own cost is taken from, in order: CUPTI slows the host's CUDA calls, so the GPU idles
 # longer while the host launches; then the other idle the host's pace decides.
@@ -122,12 +133,13 @@ def step_splits(steps: Sequence[Step], gpu: GpuView | None, trace: TraceData | N
 
 def step_budget(steps: Sequence[Step], splits: list[dict[str, float]] | None,
                 steady_wait_share: float | None = None, step_s: float | None = None,
-                outside_window: bool = False, sync_blocked_s: float | None = None) -> Budget | None:
+                outside_window: bool = False, sync_blocked_s: float | None = None,
+                stall_share: float | None = None) -> Budget | None:
     """The budget of the steps that lie on the trace with GPU activity (their `splits`; None when there is none),
     with the data wait of every step after start-up (`steady_wait_share`) and in seconds of `step_s` when given;
     when `step_s` was timed on the steps outside the profiling window (`outside_window`), without the profiler's
-    own cost; with the host's time blocked in synchronizing calls per step (`sync_blocked_s`), the drain they
-    leave counted as theirs."""
+    own cost; with the share of every step after start-up that stalls took (`stall_share`); with the host's time
+    blocked in synchronizing calls per step (`sync_blocked_s`), the drain they leave counted as theirs."""
     if splits is None:
         return None
     placed = [s for s in steps if s.gpu_busy_s is not None]
@@ -142,6 +154,8 @@ def step_budget(steps: Sequence[Step], splits: list[dict[str, float]] | None,
     profiler_s = 0.0
     if outside_window and step < mean_step:
         shares, profiler_s = _without_profiler_cost(shares, mean_step, step)
+    if stall_share:
+        shares = _with_stall_share(shares, stall_share)
     if sync_blocked_s:
         shares = _with_drain_after_syncs(shares, sync_blocked_s / step)
     return Budget(step, len(placed), tuple(Slice(name, shares[name] * step, shares[name]) for name in SLICES),
@@ -170,6 +184,19 @@ def _with_wait_share(shares: dict[str, float], wait: float) -> dict[str, float]:
         return shares
     scale = (1.0 - wait) / rest
     return {name: wait if name == "data_wait" else share * scale for name, share in shares.items()}
+
+
+def _with_stall_share(shares: dict[str, float], stall: float) -> dict[str, float]:
+    """The shares with `stall` given to the stalls, out of what the data wait leaves, the slices other than the
+    wait scaled to fill the rest."""
+    wait = shares["data_wait"]
+    stall = min(stall, 1.0 - wait)
+    rest = sum(share for name, share in shares.items() if name not in ("data_wait", "stall"))
+    if rest <= 0:
+        return shares
+    scale = (1.0 - wait - stall) / rest
+    return {name: share if name == "data_wait" else stall if name == "stall" else share * scale
+            for name, share in shares.items()}
 
 
 def _with_drain_after_syncs(shares: dict[str, float], blocked: float) -> dict[str, float]:

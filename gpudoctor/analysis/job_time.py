@@ -9,7 +9,7 @@ from functools import cached_property
 
 from gpudoctor.analysis.compiles import Compiles, compiles
 from gpudoctor.analysis.events import EventsOf
-from gpudoctor.analysis.stalls import Stalls, stalls
+from gpudoctor.analysis.stalls import Stalls, stalled_share, stalls
 from gpudoctor.analysis.startup import Startup, StartupEvents, startup
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.bundle.events import (
@@ -49,6 +49,14 @@ class JobTime:
     def stalls(self) -> Stalls | None:
         """The steady steps' stalls and their causes; None with too few steps."""
         return stalls(self._steps.steady_steps, self._events(PauseEvent), self._events(LoaderStartEvent))
+
+    @cached_property
+    def stall_share(self) -> float:
+        """The share of every step after start-up that stalls of a known cause and later epochs' worker starts took
+        beyond the usual step (analysis.stalls.stalled_share): the step budget's `stall` slice."""
+        startup = self.startup
+        restarted = [r.step for r in startup.restarts] if startup is not None else []
+        return stalled_share(self._steps.steady_steps, self.stalls, restarted)
 
     @cached_property
     def compiles(self) -> Compiles | None:

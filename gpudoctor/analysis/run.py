@@ -270,7 +270,8 @@ class Run:
         """The analysed steps' time budget (analysis.budget), at the run's pace; None without GPU activity."""
         pace = self.pace
         return step_budget(self.steps, self.gpu_work.splits, self.steady_wait_share, pace.seconds,
-                           outside_window=pace.basis == "unprofiled", sync_blocked_s=self.sync_blocked_s)
+                           outside_window=pace.basis == "unprofiled", sync_blocked_s=self.sync_blocked_s,
+                           stall_share=self.job_time.stall_share)
 
     @cached_property
     def memory_headroom(self) -> float | None:

@@ -50,7 +50,8 @@ def rank_time(run: Run, collective_by_step: Mapping[int, float]) -> RankTime | N
     if budget is not None:
         seconds = {s.name: s.seconds for s in budget.slices}
         return RankTime(budget.step_s, seconds["gpu_busy"] + seconds["copy"], seconds["collective"],
-                        seconds["data_wait"], seconds["sync"] + seconds["host"] + seconds["unexplained"],
+                        seconds["data_wait"],
+                        seconds["stall"] + seconds["sync"] + seconds["host"] + seconds["unexplained"],
                         gpu_idle_share(run))
     if not step or not run.steps:
         return None

@@ -97,7 +97,8 @@ def _location(finding: FindingJson) -> str:
 
 
 BUDGET_WORDS = {"gpu_busy": "GPU computing", "collective": "collectives", "data_wait": "waiting for data",
-                "sync": "syncs", "copy": "copies", "host": "host-side work", "unexplained": "unexplained"}
+                "stall": "stalls now and then", "sync": "syncs", "copy": "copies", "host": "host-side work",
+                "unexplained": "unexplained"}
 
 
 def _budget_line(budget: BudgetJson) -> str:

@@ -52,14 +52,8 @@ PAIRS = (
     FixturePair(("GD312",), "optimizer_foreach_bad", "optimizer_fused_fixed"),
     FixturePair(("GD313",), "elementwise_eager_bad", "elementwise_compiled_fixed"),
     FixturePair(("GD701",), "checkpoint_stall_bad", "checkpoint_stall_fixed"),
-)
-
-# The slow-step pairs (precision, optimizer, compile, stalls, GPU memory, start-up), whose scripts wait in
-# fixtures/to_record/ for a GPU machine: each moves into PAIRS in the commit that adds its recordings, its rules'
-# predictions then held to the target by bench/validate_impacts.py. cudnn_benchmark_off and _on, the neutral knob, are
-# no pair: no rule may advise it.
-AWAITING_RECORDING = (
     FixturePair(("GD314",), "recompiles_bad", "recompiles_fixed"),
     FixturePair(("GD402",), "allocator_retries_bad", "allocator_expandable_fixed"),
     FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed"),
 )
+# cudnn_benchmark_off and _on, the neutral knob, are no pair: no rule may advise it.

@@ -48,8 +48,8 @@ def test_each_idle_gap_goes_to_one_cause(tmp_path) -> None:
     budget = b.build().budget
     assert budget is not None
     shares = {s.name: s.share for s in budget.slices}
-    assert shares == pytest.approx({"gpu_busy": 0.4, "collective": 0.0, "data_wait": 0.2, "sync": 0.2, "copy": 0.0,
-                                    "host": 0.1, "unexplained": 0.1}, abs=1e-6)
+    assert shares == pytest.approx({"gpu_busy": 0.4, "collective": 0.0, "data_wait": 0.2, "stall": 0.0, "sync": 0.2,
+                                    "copy": 0.0, "host": 0.1, "unexplained": 0.1}, abs=1e-6)
 
 
 def _drained_steps(tmp_path, blocked_s: float) -> BundleBuilder:
