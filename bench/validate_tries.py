@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", type=Path, metavar="DIR", help="record the pairs into DIR/tries.json (GPU)")
     parser.add_argument("--only", default="",
-                        help="comma-separated bad fixtures (default: every pair but those awaiting their recording)")
+                        help="comma-separated bad fixtures (default: every pair)")
     parser.add_argument("--plain-runs", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=240.0, help="time limit of one command")
     parser.add_argument("--from", dest="source", type=Path, default=RECORDED, help="a recorded tries.json")
