@@ -92,7 +92,7 @@ class _RunFields(TypedDict):
 
 
 class BudgetSliceJson(TypedDict):
-    slice: str  # gpu_busy | collective | data_wait | sync | copy | host | unexplained
+    slice: str  # gpu_busy | collective | data_wait | stall | sync | copy | host | unexplained
     label: str
     seconds: float  # mean per analysed step
     share: float  # of the mean step

@@ -13,7 +13,8 @@ from gpudoctor.engine import diagnose_windows
 from gpudoctor.pipeline import PreparedRules, RuleSelection, prepare_rules
 from gpudoctor.report import build_report
 from gpudoctor.report.document import Report
-from gpudoctor.report.render import to_text
+from gpudoctor.report.model import link_outputs
+from gpudoctor.report.render import to_html, to_text
 from gpudoctor.report.units import seconds
 from gpudoctor.report.verdict import MAX_TOTAL_SAVING
 from gpudoctor.testing import available_fixtures, load_fixture
@@ -65,3 +66,16 @@ def test_the_headline_says_what_the_fixes_save_of_that_step(name: str) -> None:
         assert "GPU idle" not in verdict  # a reader in a hurry would take the idle share for the cost
     else:
         assert f"of each {seconds(step)} step" in verdict or "GPU activity not measured" in verdict, verdict
+
+
+def test_the_worker_starts_of_each_epoch_are_the_budgets_stalls_and_the_start_ups_finding(tmp_path) -> None:
+    """startup_workers_bad: 128 workers started again at each epoch make its 145 ms mean step; the budget gives that
+    time to its own slice, which GD702 claims, and the launch-bound steps between (GD301) keep only theirs."""
+    report = report_of("startup_workers_bad")
+    slices = {s["slice"]: s for s in report["run"]["budget"]["slices"]}
+    assert slices["stall"]["share"] > 0.9 and slices["stall"]["claimed_by"] == ["GD702"]
+    launch_bound = next(f for f in report["findings"] if f["code"] == "GD301")
+    assert launch_bound["impact"] < 0.05 and launch_bound["severity"] == "info"
+    assert "stalls now and then" in to_text(report)
+    page = to_html(link_outputs(report, tmp_path))
+    assert 'class="b-stall"' in page and "steps that stall now and then" in page
