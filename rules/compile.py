@@ -135,7 +135,8 @@ def _break_finding(broken: GraphBreak, found: Compiles) -> Finding:
     reason = broken.reason or next(iter(found.graph_breaks), None)
     hits = found.graph_breaks.get(reason, 0) if reason else 0
     return Finding(
-        f"The compiled code breaks its graph at {broken.location or 'a line'}"
+        # the line is the finding's location, which every view shows beside the title
+        "The compiled code breaks its graph" + (f" in {broken.location.function}()" if broken.location else "")
         + (f": {_first_sentence(reason)}" if reason else ""),
         impact=None,
         impact_reason="a graph break's cost at run time is not predicted: compiling without it measures it",

@@ -134,7 +134,7 @@ def test_gd314_names_each_graph_break_and_each_recompiled_function(tmp_path) -> 
                      recompile_reason="0/0: tensor 'tokens' size mismatch at index 1. expected 96, actual 128"))
     findings = {f["location"]["line"]: f for f in run_rule("GD314", run)}
     broken, again = findings[27], findings[20]
-    assert broken["title"].startswith("The compiled code breaks its graph at model.py:27: Unsupported Tensor.item()")
+    assert broken["title"].startswith("The compiled code breaks its graph in forward(): Unsupported Tensor.item()")
     assert broken["impact"] is None and "capture_scalar_outputs" in broken["fix"]
     assert again["title"] == ("forward was compiled 1 more time: tensor 'tokens' size mismatch at index 1. "
                               "expected 96, actual 128")
