@@ -12,6 +12,7 @@ from gpudoctor.analysis.budget import IDLE_SLICES, SLICE_LABELS, SLICES_OF_CATEG
 from gpudoctor.analysis.views import Location, Step
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.records import first_line
+from gpudoctor.engine.runner import MAX_SAVING
 from gpudoctor.report.cards import MAX_SOURCE_LINE
 from gpudoctor.report.document import NotMeasuredRow, Status
 from gpudoctor.report.units import seconds
@@ -103,9 +104,6 @@ def too_short(run: Run) -> str | None:
             f"{ratio:.2f}× as long: too few to judge the step by; profile a longer run")
 
 
-# The most the verdict says the fixes save together: findings share the step's budget, one slice each, but an
-# estimate of nearly all of a step is never a promise.
-MAX_TOTAL_SAVING = 0.95
 
 
 def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
@@ -129,7 +127,7 @@ def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step]
         measured = "" if status == "healthy" else " in what was measured"
         return f"{idle_text}; no problems found{measured}."
     count = f"{len(found)} problem" + ("s" if len(found) > 1 else "")
-    total = min(MAX_TOTAL_SAVING, sum(f.impact or 0.0 for f in found))
+    total = min(MAX_SAVING, sum(f.impact or 0.0 for f in found))
     if total <= 0 and idle is None:  # nothing measured of a GPU to say first (a CPU run): what was found
         their = "its" if len(found) == 1 else "their"
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""

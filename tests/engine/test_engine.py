@@ -10,6 +10,7 @@ from gpudoctor.analysis.views import Location
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.engine import run_rules
+from gpudoctor.engine.runner import MAX_SAVING
 from gpudoctor.errors import BundleError, RuleLoadError
 
 
@@ -64,9 +65,9 @@ def test_options_are_overridable():
     assert result.findings[0].impact == 0.9
 
 
-def test_impact_is_clamped_to_a_share():
+def test_impact_is_clamped_to_a_share_and_to_what_a_fix_may_promise():
     result = run_rules(empty_run(), [always_fires], {"TST101": {"impact": 3.0}})
-    assert result.findings[0].impact == 1.0
+    assert result.findings[0].impact == MAX_SAVING == 0.95
 
 
 @pytest.mark.parametrize(
