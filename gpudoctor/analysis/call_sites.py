@@ -48,6 +48,8 @@ class CallSites:
         for event in self._events(HostLinesEvent):
             total += event.samples
             for line in event.lines:
+                if generated_code(line.file):
+                    continue  # counted in the samples, not named: no line of the user's
                 where = Location(line.file, line.line, line.function)
                 counts[where] = counts.get(where, 0) + line.samples
         ranked = sorted(counts.items(), key=lambda item: -item[1])
@@ -76,3 +78,14 @@ def _loader_info(e: LoaderEvent) -> LoaderInfo:
         dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method, sampler=e.sampler,
         drop_last=e.drop_last, made_by=e.made_by,
     )
+
+
+# Code that torch.compile writes and imports from its cache (TorchInductor's `torchinductor_<user>` folder, where
+# recompiles_bad showed a sixth of its host samples in `/tmp/torchinductor_root/6e/c6ep....py:123 in call`), and
+# Triton's: it runs the script's model, but no line of it is the user's to change.
+GENERATED_CODE_DIRS = ("torchinductor_", ".triton")
+
+
+def generated_code(file: str) -> bool:
+    """Whether `file` is code torch.compile generated into its cache (GENERATED_CODE_DIRS)."""
+    return any(part.startswith(GENERATED_CODE_DIRS) for part in file.replace("\\", "/").split("/")[:-1])
