@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,10 @@ def _plain(name: str, nproc: int, args: list[str], timeout_s: float) -> tuple[fl
     return job_step_s(rank_results(result.stdout)), said(cmd, env)
 
 
-def validate(launch: str, out: Path, nproc: int, plain_runs: int, timeout_s: float) -> dict[str, Any]:
+def validate(launch: str, out: Path, nproc: int, plain_runs: int, timeout_s: float,
+             keep: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The job's try, then its plain and twin runs; `keep` is given the row as it grows, after each run, so that a
+    recording cut short keeps what it measured."""
     name = JOBS[launch]
     run_dir = out / launch
     cmd, env = job_command(name, nproc, [], ["--out", str(run_dir), "--try-fixes", *CUDA_WINDOW])
@@ -86,12 +90,15 @@ def validate(launch: str, out: Path, nproc: int, plain_runs: int, timeout_s: flo
                            "step_s": _pace(run_dir), "finding": finding and finding["code"],
                            "impact": finding and finding.get("impact"), "tried": finding and finding.get("tried"),
                            "twin_args": twin_args, "as_it_is": [], "twin": []}
+    keep(row)
     if twin_args is None:
         return row
     for _ in range(plain_runs):  # alternating, so that a drift of the host's load reaches both alike
         row["as_it_is"].append(_plain(name, nproc, [], timeout_s)[0])
+        keep(row)
         step, row["twin_command"] = _plain(name, nproc, twin_args, timeout_s)
         row["twin"].append(step)
+        keep(row)
     return row
 
 
@@ -139,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown launch(es) {', '.join(unknown)}; known: {', '.join(JOBS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
+    def keep(row: dict[str, Any]) -> None:
+        (args.out / "job_tries.json").write_text(json.dumps([*rows, row], indent=1) + "\n")
+
     for launch in launches:
-        rows.append(validate(launch, args.out, args.nproc, args.plain_runs, args.timeout_s))
+        rows.append(validate(launch, args.out, args.nproc, args.plain_runs, args.timeout_s, keep))
         (args.out / "job_tries.json").write_text(json.dumps(rows, indent=1) + "\n")
         print(table_row(rows[-1]), flush=True)
     shown = table(rows)
