@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpudoctor import Finding, LoaderRemedy, NotEvaluated, Remedy, Run, rule
-from gpudoctor.analysis import PHASE_NAMES, LoaderInfo, Location, Stall, Stalls, Startup
+from gpudoctor.analysis import PHASE_NAMES, LoaderInfo, Location, Stall, Stalls, Startup, paced_steps
 
 UNKNOWN_STALLS = 4  # stalls of no known cause are told of when at least this many come every N steps
 CAUSE_NAMES = {"save": "torch.save", "checkpoint": "a checkpoint", "gc": "garbage collection",
@@ -45,29 +45,35 @@ def periodic_stall(run: Run, min_share: float = 0.05, min_stalls: int = 2) -> It
     Fix: save (or evaluate) less often, or in the background: `torch.distributed.checkpoint.async_save`, or
     Lightning's `AsyncCheckpointIO`; for garbage collection, `gc.freeze()` after set-up.
 
-    Impact: the stalled steps' excess over the usual step, as a share of the steps' time after start-up (the
-    run's pace holds the stalls, unless they are rarer than one step in fifty).
+    Impact: the stalled steps' excess over the usual step, as a share of the steps' time after start-up: the
+    budget's `stall` slice. Stalls rarer than one step in fifty and over 20 times the usual step are left out of
+    the run's pace (analysis.timebase), and then out of the impact: the finding gives their share of the steps'
+    time, not a saving of each step.
     """
     run.require_steps()
     found = run.job_time.stalls
     if found is None:
         raise NotEvaluated("too few steps after start-up to tell a stall from a step")
+    paced = {s.index for s in paced_steps(run.step_view)}
     for stall in found.stalls:
         share = found.share(stall)
         if stall.cause == "unknown" and (stall.every is None or len(stall.steps) < UNKNOWN_STALLS):
             continue  # slow steps now and then with nothing seen in them: no cause to name, no period to show
         if len(stall.steps) >= min_stalls and share >= min_share:
-            yield _stall_finding(stall, found, share)
+            yield _stall_finding(stall, found, share, in_pace=bool(paced & set(stall.steps)))
 
 
-def _stall_finding(stall: Stall, found: Stalls, share: float) -> Finding:
+def _stall_finding(stall: Stall, found: Stalls, share: float, in_pace: bool) -> Finding:
     count, excess_ms = len(stall.steps), stall.excess_s / len(stall.steps) * 1e3
     cause_ms = stall.cause_s / count * 1e3
     when = f"Every {_ordinal(stall.every)} step" if stall.every else f"{count} of {found.steps} steps"
     cause = CAUSE_NAMES[stall.cause]
     return Finding(
         f"{when} stalls {excess_ms:.0f} ms in {cause}: {share:.0%} of the steps' time",
-        impact=share, location=stall.location, severity="critical" if share >= 0.3 else None, count=count,
+        impact=share if in_pace else None,
+        impact_reason=None if in_pace else "the stalls are rarer than one step in fifty, and the step at the run's "
+        f"pace leaves them out: they cost {share:.0%} of the steps' time, not of each step",
+        location=stall.location, severity="critical" if share >= 0.3 else None, count=count,
         evidence={"stalled steps": count, "every": stall.every, "usual step": (round(found.usual_s * 1e3, 2), "ms"),
                   "excess per stall": (round(excess_ms, 1), "ms"),
                   f"time in {cause} per stall": (round(cause_ms, 1), "ms") if stall.cause_s else None,

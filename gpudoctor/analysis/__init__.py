@@ -32,7 +32,7 @@ from gpudoctor.analysis.settings import FlagValue, Setting, call_of, flag_value,
 from gpudoctor.analysis.stalls import Stall, Stalls
 from gpudoctor.analysis.startup import PHASE_NAMES, Startup
 from gpudoctor.analysis.step_view import StepView
-from gpudoctor.analysis.timebase import StepTime
+from gpudoctor.analysis.timebase import StepTime, paced_steps
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
     CopySite,
@@ -60,5 +60,5 @@ __all__ = [
     "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime", "StepView", "SyncSite", "ThreadInfo",
     "WindowInfo", "batch_setting", "call_of", "compile_setting", "cores_per_rank", "flag_value", "gpu_memory",
     "loader_limit_s", "loader_setting", "loader_workers", "loading_time", "optimizer_step_s", "out_of_memory",
-    "setting_at", "settings_location", "worker_cpu_per_batch_s",
+    "paced_steps", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

@@ -12,6 +12,7 @@ from gpudoctor.analysis.events import EventsOf
 from gpudoctor.analysis.stalls import Stalls, stalled_share, stalls
 from gpudoctor.analysis.startup import Startup, StartupEvents, startup
 from gpudoctor.analysis.step_view import StepView
+from gpudoctor.analysis.timebase import paced_steps
 from gpudoctor.bundle.events import (
     CompileEvent,
     DynamoEvent,
@@ -52,11 +53,11 @@ class JobTime:
 
     @cached_property
     def stall_share(self) -> float:
-        """The share of every step after start-up that stalls of a known cause and later epochs' worker starts took
-        beyond the usual step (analysis.stalls.stalled_share): the step budget's `stall` slice."""
+        """The share of the steps the run's pace is the mean of that stalls of a known cause and later epochs' worker
+        starts took beyond the usual step (analysis.stalls.stalled_share): the step budget's `stall` slice."""
         startup = self.startup
         restarted = [r.step for r in startup.restarts] if startup is not None else []
-        return stalled_share(self._steps.steady_steps, self.stalls, restarted)
+        return stalled_share(paced_steps(self._steps), self.stalls, restarted)
 
     @cached_property
     def compiles(self) -> Compiles | None:

@@ -132,20 +132,19 @@ def _period(indices: list[int]) -> int | None:
 
 
 def stalled_share(steps: Sequence[Step], found: Stalls | None, restarted: Iterable[int]) -> float:
-    """The share of the steady steps the profiler did not slow that their stalls of a known cause (`found`: a
-    save, a collection, an evaluation) and a loader's later worker starts (the steps in `restarted`) took beyond
-    the usual step, past their own wait for data beyond the usual wait, which the wait's share holds already: the
-    step budget's `stall` slice (analysis.budget). A slow step of no known cause stays in the step's other slices,
-    as the profiled steps split it."""
-    timed = [s for s in steps if s.window not in PROFILED]
+    """The share of `steps` (those the run's pace is the mean of: analysis.timebase.paced_steps) that their stalls
+    of a known cause (`found`: a save, a collection, an evaluation) and a loader's later worker starts (the steps in
+    `restarted`) took beyond the usual step, past their own wait for data beyond the usual wait, which the wait's
+    share holds already: the step budget's `stall` slice (analysis.budget). A slow step of no known cause stays in
+    the step's other slices, as the profiled steps split it; a rare stall the pace leaves out is in none."""
     known = [stall for stall in (found.stalls if found else ()) if stall.cause != "unknown"]
     stalled = {index for stall in known for index in stall.steps} | set(restarted)
-    wall = sum(s.wall_s for s in timed)
+    wall = sum(s.wall_s for s in steps)
     if wall <= 0 or not stalled:
         return 0.0
-    usual_steps = [s for s in timed if s.index not in stalled] or timed
+    usual_steps = [s for s in steps if s.index not in stalled] or list(steps)
     usual = found.usual_s if found is not None else statistics.median(s.wall_s for s in usual_steps)
     usual_wait = statistics.median(s.data_wait_s for s in usual_steps)
     excess = sum(max(0.0, s.wall_s - usual - max(0.0, s.data_wait_s - usual_wait))
-                 for s in timed if s.index in stalled)
+                 for s in steps if s.index in stalled)
     return min(1.0, excess / wall)

@@ -110,8 +110,7 @@ class StepTime:
 
 def step_time(view: StepView, gpu_work_per_step_s: float | None) -> StepTime:
     """The step at the run's pace, from the steps of `view` and the GPU's work per step (see StepTime)."""
-    unprofiled = _unprofiled_steps(view)
-    steps, basis = (unprofiled, "unprofiled") if len(unprofiled) >= MIN_UNPROFILED_STEPS else (view.steps, "analysed")
+    steps, basis = _timed_steps(view)
     if not steps:
         return StepTime(None)
     trained = _without_evaluations(steps)
@@ -121,6 +120,18 @@ def step_time(view: StepView, gpu_work_per_step_s: float | None) -> StepTime:
     if gpu_work_per_step_s is not None and gpu_work_per_step_s > mean:
         return StepTime(gpu_work_per_step_s, "gpu_work", len(kept), evaluations, stalls)
     return StepTime(mean, basis, len(kept), evaluations, stalls)
+
+
+def paced_steps(view: StepView) -> list[Step]:
+    """The steps the run's pace is the mean of (step_time): those after the profiling window, or the analysed ones
+    where too few ran after it, without evaluations and rare stalls."""
+    steps, _ = _timed_steps(view)
+    return _without_stalls(_without_evaluations(steps)) if steps else []
+
+
+def _timed_steps(view: StepView) -> tuple[list[Step], str]:
+    unprofiled = _unprofiled_steps(view)
+    return (unprofiled, "unprofiled") if len(unprofiled) >= MIN_UNPROFILED_STEPS else (view.steps, "analysed")
 
 
 # A step that calls the model more than this many times its steps' usual number ran an evaluation (nanoGPT's

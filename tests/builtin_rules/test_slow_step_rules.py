@@ -316,3 +316,20 @@ def test_a_periodic_save_is_the_stall_share_gd701_claims(tmp_path) -> None:
 
 def test_a_slow_step_of_no_known_cause_is_no_stall_of_the_budget(tmp_path) -> None:
     assert stalling_run(tmp_path, pauses=False, every=8).job_time.stall_share == 0.0
+
+
+def test_stalls_the_pace_leaves_out_are_no_saving_of_each_step(tmp_path) -> None:
+    """Two saves of 490 ms in 120 steps of 10 ms: rarer than one step in fifty, the step at the run's pace leaves
+    them out, so GD701 gives their share of the steps' time but no saving of the step, and the budget no slice."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    for i in range(120):
+        stalls = i in (50, 100)
+        b.step(wall_s=0.5 if stalls else 0.01, gpu_busy_s=0.008)
+        if stalls:
+            b.event(PauseEvent(cause="save", step=i, seconds=0.49, site=Site(file="train.py", line=60,
+                                                                            function="main")))
+    run = b.build()
+    assert run.pace.seconds == pytest.approx(0.01, abs=0.001) and run.pace.stalls == 2
+    [finding] = assert_fires("GD701", run, location="train.py:60")
+    assert finding["impact"] is None and "rarer than one step in fifty" in finding["impact_reason"]
+    assert run.job_time.stall_share == 0.0
