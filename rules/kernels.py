@@ -60,8 +60,8 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     budget = run.budget
     if budget is not None:  # at the run's pace, without the profiler's own cost (analysis.budget)
         # of the steps that do not stall: a periodic save's or an epoch's worker start's idle is not the launches'
-        stalled = budget.seconds("stall") / budget.step_s if budget.step_s > 0 else 0.0
-        idle = (budget.idle_share - stalled) / (1 - stalled) if stalled < 1 else budget.idle_share
+        stall = budget.seconds("stall") / budget.step_s if budget.step_s > 0 else 0.0
+        idle = (budget.idle_share - stall) / (1 - stall) if stall < 1 else budget.idle_share
         impact = min(impact, budget.share_of("small_batch"))
         busy = 1 - idle
     loader = run.sites.loader.main

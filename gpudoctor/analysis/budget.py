@@ -24,7 +24,7 @@ seconds are of the step the report's savings are given against (analysis.timebas
 
 Nor does a window of a few steps see the steps that stall now and then: a checkpoint written every 10 steps, a
 loader that starts its workers again at each epoch. Their time beyond the usual step, past their own wait for
-data, is `stall`, a share of every step after start-up like the wait (analysis.stalls.stalled_share), so that the
+data, is `stall`, a share of the steps the run's pace is the mean of (analysis.stalls.stalled_share), so that the
 time they take is claimed by the rules that name them (GD701, GD702), not by the host-side slices the window's
 steps split into: startup_workers_bad's 128 workers started at each epoch of 15 steps make its mean step 145 ms
 against a usual 2.5 ms, and scaling the window's launch-bound split to 145 ms had GD301 claim 85% of it.
