@@ -73,8 +73,21 @@ def _slice_line(run: Run, name: str) -> Location | None:
         return loader.location if loader is not None else None
     if name == "sync" and run.sites.syncs:
         return max(run.sites.syncs, key=lambda site: site.host_s).location
+    if name == "stall":
+        return _stall_line(run)
     lines = run.sites.host_lines
     return lines[0][0] if lines else None
+
+
+def _stall_line(run: Run) -> Location | None:
+    """The line of the stall that took the most (a save's, an evaluation's), else the loader's, whose workers start
+    again at each epoch."""
+    found = run.job_time.stalls
+    placed = [stall for stall in (found.stalls if found else ()) if stall.location is not None]
+    if placed:
+        return max(placed, key=lambda stall: stall.excess_s).location
+    loader = run.sites.loader.main
+    return loader.location if loader is not None else None
 
 
 def _unexplained_text(unexplained: Unexplained, of_step: str, cwd: str | None) -> str:

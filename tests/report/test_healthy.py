@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpudoctor.bundle.events import PauseEvent
+from gpudoctor.bundle.records import Site
 from gpudoctor.engine import run_rules
 from gpudoctor.report import build_report
 from gpudoctor.report.model import link_outputs
 from gpudoctor.report.render import to_html, to_text
+from gpudoctor.report.verdict import unexplained_idle
 from gpudoctor.testing import BundleBuilder
 
 
@@ -77,3 +80,17 @@ def test_a_run_too_short_to_judge_says_so(tmp_path: Path) -> None:
     long.steps(20, wall_s=0.025, window="closed")
     report = build_report(long.build(), run_rules(long.build(), []))
     assert report["summary"]["status"] == "healthy", report["summary"]
+
+
+def test_an_unclaimed_stall_is_told_at_its_line(tmp_path) -> None:
+    """One torch.save of 190 ms among 10 ms steps: too few for GD701, yet 43% of the steps' time, which the verdict
+    names as the GPU's unexplained idle, at the save's line."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    for i in range(32):
+        b.step(wall_s=0.2 if i == 20 else 0.01, gpu_busy_s=0.009)
+        if i == 20:
+            b.event(PauseEvent(cause="save", step=i, seconds=0.19, site=Site(file="train.py", line=60,
+                                                                            function="main")))
+    found = unexplained_idle(b.build(), [])
+    assert found is not None and "stall" in found.label and found.slice_share > 0.3
+    assert found.where is not None and (found.where.file, found.where.line) == ("train.py", 60)
