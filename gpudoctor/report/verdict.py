@@ -117,8 +117,6 @@ def too_short(run: Run) -> str | None:
             f"{ratio:.2f}× as long: too few to judge the step by; profile a longer run")
 
 
-
-
 def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step], status: Status,
              elsewhere: str | None = None, step_s: float | None = None, unexplained: Unexplained | None = None,
              cwd: str | None = None) -> str:
