@@ -12,6 +12,7 @@ from gpudoctor.analysis.sites import copy_sites, sync_sites
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.views import CopySite, LoaderInfo, LoaderView, Location, SyncSite
 from gpudoctor.bundle.events import BackwardSiteEvent, ForwardSiteEvent, HostLinesEvent, LoaderEvent, OptimizerEvent
+from gpudoctor.bundle.records import generated_code
 
 
 class CallSites:
@@ -78,14 +79,3 @@ def _loader_info(e: LoaderEvent) -> LoaderInfo:
         dataset=e.dataset, dataset_len=e.dataset_len, start_method=e.start_method, sampler=e.sampler,
         drop_last=e.drop_last, made_by=e.made_by,
     )
-
-
-# Code that torch.compile writes and imports from its cache (TorchInductor's `torchinductor_<user>` folder, where
-# recompiles_bad showed a sixth of its host samples in `/tmp/torchinductor_root/6e/c6ep....py:123 in call`), and
-# Triton's: it runs the script's model, but no line of it is the user's to change.
-GENERATED_CODE_DIRS = ("torchinductor_", ".triton")
-
-
-def generated_code(file: str) -> bool:
-    """Whether `file` is code torch.compile generated into its cache (GENERATED_CODE_DIRS)."""
-    return any(part.startswith(GENERATED_CODE_DIRS) for part in file.replace("\\", "/").split("/")[:-1])

@@ -40,6 +40,18 @@ class Site(Record, frozen=True):
     function: str = ""
 
 
+# Code that torch.compile writes and imports from its cache (TorchInductor's `torchinductor_<user>` folder, where
+# recompiles_bad showed a sixth of its host samples in `/tmp/torchinductor_root/6e/c6ep....py:123 in call`), and
+# Triton's: it runs the script's model, but no line of it is the user's to change.
+GENERATED_CODE_DIRS = ("torchinductor_", ".triton")
+
+
+def generated_code(file: str) -> bool:
+    """Whether `file` is code torch.compile generated into its cache (GENERATED_CODE_DIRS): never a line of the
+    user's, though it lies outside torch and every installed package."""
+    return any(part.startswith(GENERATED_CODE_DIRS) for part in file.replace("\\", "/").split("/")[:-1])
+
+
 _TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 

@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Sequence
 from types import FrameType
 
-from gpudoctor.bundle.records import Site
+from gpudoctor.bundle.records import Site, generated_code
 
 
 def _dir_of(module_name: str) -> str | None:
@@ -106,7 +106,7 @@ def user_site_in(frames: Sequence[traceback.FrameSummary]) -> Site | None:
 
 def _whose(filename: str, torch_dir: str | None, libraries: tuple[str, ...]) -> str:
     """'user', 'library' (an installed package or the stdlib) or 'internal' (torch, gpudoctor, generated code)."""
-    if filename.startswith("<"):
+    if filename.startswith("<") or generated_code(filename):
         return "internal"
     path = _realpath(filename)
     if _is_internal(path, torch_dir):

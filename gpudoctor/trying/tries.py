@@ -44,6 +44,7 @@ from gpudoctor.launch.profile import profile
 from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.torchrun import JobCommand, read_job_command, run_job
 from gpudoctor.remedy import Remedy
+from gpudoctor.report.tried import GAIN
 from gpudoctor.trying.effect import applied_per_rank, effects, not_in_effect
 from gpudoctor.trying.numerics import not_in_tier, with_tier
 from gpudoctor.trying.outputs import KeptOutputs, OutputsNotIsolated, WorkingDirectory, remove, written_between
@@ -80,6 +81,9 @@ NOT_AT_RUN_TIME = {
     "GD602": "overlapping communication with the backward pass is an edit of the training loop",
 }
 NOT_AT_RUN_TIME_DEFAULT = "its fix is an edit of the script, which gpudoctor does not make for it"
+# A fix predicted to save less of the step than two plain runs of one command differ by (report.tried.GAIN, 5%)
+# is not tried unless asked for by its code: its try would cost a whole run and measure noise.
+MEASURABLE_SAVING = 1 - 1 / GAIN
 
 
 @dataclass(frozen=True)
@@ -209,6 +213,10 @@ class _Tries:
             return Tried(status="not_applicable", reason=NOT_AT_RUN_TIME.get(code, NOT_AT_RUN_TIME_DEFAULT))
         if remedy in self.measured:
             return self.measured[remedy]
+        if self.settings.finding is None and finding.impact is not None and finding.impact < MEASURABLE_SAVING:
+            return Tried(status="not_applicable", applied=remedy.describe(), reason=(
+                f"not tried: it saves ~{finding.impact:.1%} of the step, less than two runs of the script differ by; "
+                f"`gpudoctor try --finding {code}` tries it"))
         refused = not_in_tier(remedy, self.settings.numerics)
         if refused is not None:
             return refused

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpudoctor.analysis.call_sites import generated_code
 from gpudoctor.bundle.events import HostLine, HostLinesEvent
+from gpudoctor.bundle.records import generated_code
 from gpudoctor.testing import BundleBuilder
 
 

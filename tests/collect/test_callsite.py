@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpudoctor.bundle.records import Site
-from gpudoctor.collect.callsite import user_site_in
+from gpudoctor.collect.callsite import user_location, user_site_in
 from gpudoctor.collect.window_hooks import _site_and_library
 
 LIBRARY = '''
@@ -72,6 +72,32 @@ def test_a_call_a_library_makes_for_the_users_line_names_the_library(tmp_path, m
     site, via = _sync_wrapper()  # the user's own call
     assert via is None
     assert site is not None and site.function == "test_a_call_a_library_makes_for_the_users_line_names_the_library"
+
+
+GENERATED = '''
+def call(function):
+    """Stands for the `call` of a module inductor wrote into its cache: it runs the compiled graph."""
+    return function()
+'''
+
+
+def test_code_torch_compile_generated_is_never_the_users_line(tmp_path, monkeypatch):
+    """recompiles_bad (H200) ran its graph through /tmp/torchinductor_root/6e/c6ep....py:123, `call`: no line the user
+    can change, though it lies outside torch and every installed package. The line that called the model is named."""
+    cache = tmp_path / "torchinductor_ana" / "6e"
+    cache.mkdir(parents=True)
+    (cache / "c6eplqdysw.py").write_text(GENERATED)
+    monkeypatch.setattr(sys, "path", [sys.path[0], str(cache), *sys.path[1:]])
+    monkeypatch.delitem(sys.modules, "c6eplqdysw", raising=False)
+    generated = importlib.import_module("c6eplqdysw")
+    site = generated.call(_patched_call)
+    assert site is not None
+    assert (site.file, site.function) == (__file__, "test_code_torch_compile_generated_is_never_the_users_line")
+
+
+def _patched_call():
+    """Stands for a call gpudoctor wraps, made by the compiled graph: user_location() names the line that led to it."""
+    return user_location()
 
 
 # -- the line an exception is told at -------------------------------------------------------------------------
