@@ -72,7 +72,7 @@ def tried_gain(pair: FixturePair, tries: dict[tuple[str, str], dict[str, Any]]) 
     row = next((tries[(pair.bad, code)] for code in pair.rules if (pair.bad, code) in tries), None)
     tried = (row or {}).get("tried") or {}
     if tried.get("status") == "measured":
-        return f"{1 - 1 / tried['speedup']:.0%}"
+        return f"{1 - 1 / tried['speedup']:.0%}".replace("-0%", "0%")  # a loss under half a percent
     return str(tried.get("status", "—")).replace("_", " ")
 
 

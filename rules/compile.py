@@ -16,6 +16,8 @@ BREAK_FIXES = (
     ("call_function", ("move the call dynamo cannot trace out of the compiled code, or wrap it in "
                       "torch.compiler.disable")),
 )
+# Reasons of a break that reads a value the GPU computes: the host waits for the GPU there, on every call.
+VALUE_READS = ("Tensor.item()", "data-dependent", "Tensor.tolist()")
 RECOMPILE_FIXES = (
     ("size mismatch", ("mark the changing dimension dynamic (torch._dynamo.mark_dynamic(x, 1), or "
                       "torch.compile(model, dynamic=True)), or pad the batches to a few fixed sizes")),
@@ -112,8 +114,13 @@ def graph_breaks_and_recompiles(run: Run, min_recompiles: int = 1) -> Iterator[F
     fixed lengths.
 
     Impact: the recompilations' compile time inside the steps after start-up, as a share of those steps' time.
-    A graph break's cost at run time (the launches and Python between its graphs) is not predicted: its
-    finding gives its count, reason and the compile time of the code after it.
+    A break that reads a value the GPU computes (`.item()`, a branch on a tensor's value) makes the host wait
+    for the GPU at each call, as GD211's syncs do, though no hook sees it inside the compiled code: where no
+    other synchronizing call was recorded, its impact is the budget's `sync` slice, the GPU's idle around the
+    host's synchronizations (recompiles_bad on an H200: 7.8% of the step; its twin without the break and the
+    recompilations measured 9% faster). Another break's cost (the launches and Python between its graphs), or
+    one beside recorded syncs, which GD211 sizes, is not predicted: its finding gives its count, reason and the
+    compile time of the code after it.
     """
     run.require_steps()
     found = run.job_time.compiles
@@ -124,22 +131,35 @@ def graph_breaks_and_recompiles(run: Run, min_recompiles: int = 1) -> Iterator[F
     steady = run.step_view.steady_steps
     first = steady[0].index if steady else 0
     wall = sum(s.wall_s for s in steady)
+    waits = _unclaimed_sync_share(run)
     for broken in found.breaks:
-        yield _break_finding(broken, found)
+        yield _break_finding(broken, found, waits)
     for again in found.recompiles:
         if again.count >= min_recompiles:
             yield _recompile_finding(again, again.seconds_from(first) / wall if wall > 0 else None)
 
 
-def _break_finding(broken: GraphBreak, found: Compiles) -> Finding:
+def _unclaimed_sync_share(run: Run) -> float | None:
+    """The budget's `sync` slice where no synchronizing call was recorded (GD211 sizes the ones that were); None
+    without a budget or with recorded calls."""
+    budget = run.budget
+    if budget is None or run.sites.syncs:
+        return None
+    return next(s.share for s in budget.slices if s.name == "sync")
+
+
+def _break_finding(broken: GraphBreak, found: Compiles, waits: float | None) -> Finding:
     reason = broken.reason or next(iter(found.graph_breaks), None)
     hits = found.graph_breaks.get(reason, 0) if reason else 0
+    reads = reason is not None and any(key.lower() in reason.lower() for key in VALUE_READS)
+    impact = round(waits, 4) if reads and waits else None
     return Finding(
         # the line is the finding's location, which every view shows beside the title
         "The compiled code breaks its graph" + (f" in {broken.location.function}()" if broken.location else "")
         + (f": {_first_sentence(reason)}" if reason else ""),
-        impact=None,
-        impact_reason="a graph break's cost at run time is not predicted: compiling without it measures it",
+        impact=impact,
+        impact_reason=None if impact is not None else
+        "a graph break's cost at run time is not predicted: compiling without it measures it",
         location=broken.location,
         evidence={"reason": _first_sentence(reason) if reason else None, "breaks counted by dynamo": hits or None,
                   "code after the break compiled": broken.compiles,

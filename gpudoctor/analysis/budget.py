@@ -69,7 +69,9 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
     "sync_point": ("sync",), "small_batch": ("host", "unexplained"),
     "gil_contention": ("host", "sync", "unexplained"), "cpu_contention": ("data_wait", "host", "unexplained"),
     "straggler": ("collective",), "communication": ("collective",), "precision": ("gpu_busy",),
-    "optimizer": ("host", "unexplained"), "compile": ("host", "unexplained"), "gpu_memory": ("host", "unexplained"),
+    "optimizer": ("host", "unexplained"), "gpu_memory": ("host", "unexplained"),
+    # A graph break that reads a value waits for the GPU as a sync does (GD314).
+    "compile": ("host", "unexplained", "sync"),
     # A periodic stall's excess over the usual step; the start-up's later worker starts, with the first batch's
     # wait after each (GD702's impact counts both).
     "periodic_stall": ("stall",), "startup": ("stall", "data_wait"),

@@ -51,6 +51,9 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
                      "step_s_basis": paced["step_s_basis"], "step_s_steps": paced["step_s_steps"],
                      "step_s_evaluations": paced.get("step_s_evaluations", 0),
                      "step_s_stalls": paced.get("step_s_stalls", 0),
+                     # said beside the job's step, of the steps it is: those of the rank the others wait for
+                     "window_distortion": paced.get("window_distortion"),
+                     "window_distortion_reason": paced.get("window_distortion_reason"),
                      "world_size": job.world_size,
                      "ranks": [r.figures.to_json() for r in job.ranks]}
     launcher = launcher_of(job)

@@ -199,6 +199,7 @@ class _Tries:
         self.root = diagnosed.run_dir.resolve() / TRIES_DIR
         self.directory = WorkingDirectory(Path(diagnosed.manifest.cwd or "."), (diagnosed.run_dir.resolve(),))
         self.measured: dict[Remedy, Tried] = {}  # a remedy two findings share is tried once
+        self.too_small: dict[Remedy, Tried] = {}  # and one too small to measure is said so once for both
         self.kept: KeptOutputs | None = None
         self.refused: str | None = None
         self.names: set[str] = set()
@@ -213,10 +214,9 @@ class _Tries:
             return Tried(status="not_applicable", reason=NOT_AT_RUN_TIME.get(code, NOT_AT_RUN_TIME_DEFAULT))
         if remedy in self.measured:
             return self.measured[remedy]
-        if self.settings.finding is None and finding.impact is not None and finding.impact < MEASURABLE_SAVING:
-            return Tried(status="not_applicable", applied=remedy.describe(), reason=(
-                f"not tried: it saves ~{finding.impact:.1%} of the step, less than two runs of the script differ by; "
-                f"`gpudoctor try --finding {code}` tries it"))
+        too_small = self._too_small(finding, remedy)
+        if too_small is not None:
+            return too_small
         refused = not_in_tier(remedy, self.settings.numerics)
         if refused is not None:
             return refused
@@ -229,6 +229,21 @@ class _Tries:
         tried = with_tier(self._run(folder, remedy), remedy, self.diagnosed.run_dir, folder)
         self.measured[remedy] = tried
         return tried
+
+    def _too_small(self, finding: FindingRecord, remedy: Remedy) -> Tried | None:
+        """Why the fix is not tried where it is predicted to save less than MEASURABLE_SAVING, unless --finding
+        asked for it. A finding whose time another counts (its impact None) shares that one's answer for the same
+        fix: two GD202 copies of one batch, the second's idle counted in the first's."""
+        if self.settings.finding is not None:
+            return None
+        if finding.impact is None:
+            return self.too_small.get(remedy)
+        if finding.impact >= MEASURABLE_SAVING:
+            return None
+        self.too_small[remedy] = Tried(status="not_applicable", applied=remedy.describe(), reason=(
+            f"not tried: it saves ~{finding.impact:.1%} of the step, less than two runs of the script differ by; "
+            f"`gpudoctor try --finding {finding.code}` tries it"))
+        return self.too_small[remedy]
 
     def _keep_outputs(self) -> None:
         ran = self.diagnosed.ran_between()

@@ -142,6 +142,37 @@ def test_gd314_names_each_graph_break_and_each_recompiled_function(tmp_path) -> 
     assert "mark_dynamic" in again["fix"]
 
 
+def _breaking_run(tmp_path, hooked_sync: bool):
+    """10 ms steps: 4 ms of kernels, then the host waits for the GPU (the break's `.item()`), then 6 ms of GPU idle
+    till the next launch; with `hooked_sync`, the script's own `.item()` at train.py:58 was recorded too."""
+    b = BundleBuilder(tmp_path)
+    for step in b.steps(5, wall_s=0.010):
+        b.kernels([(step, 0.0, 0.004)])
+        b.cuda_call("cudaStreamSynchronize", step=step, at=0.0039, dur=0.0002)
+    if hooked_sync:
+        b.sync("item", host_s=0.003, site=("train.py", 58, "train_step"))
+    b.forward_site("OptimizedModule", site=("train.py", 50, "main"))
+    b.event(CompileEvent(step=0, compile_id="0/0", function="forward", file="model.py", line=20, seconds=2.0,
+                         restart_reasons=[BREAK]),
+            CompileEvent(step=0, compile_id="1/0", function="torch_dynamo_resume_in_forward_at_27", file="model.py",
+                         line=27, seconds=0.3))
+    return b.build()
+
+
+def test_gd314_sizes_a_break_that_reads_a_value_by_the_waits_no_hook_saw(tmp_path) -> None:
+    """recompiles_bad (H200): no synchronizing call recorded, 7.8% of the step in the budget's sync slice, the twin
+    without the break 9% faster."""
+    run = _breaking_run(tmp_path / "alone", hooked_sync=False)
+    assert run.budget is not None
+    waits = next(s.share for s in run.budget.slices if s.name == "sync")
+    assert waits > 0.3
+    [broken] = [f for f in run_rule("GD314", run) if f["location"]["line"] == 27]
+    assert broken["impact"] == pytest.approx(waits, abs=1e-3) and broken["impact_reason"] is None
+    beside = _breaking_run(tmp_path / "beside", hooked_sync=True)  # GD211 sizes the waits then: not counted twice
+    [broken] = [f for f in run_rule("GD314", beside) if f["location"]["line"] == 27]
+    assert broken["impact"] is None and "not predicted" in broken["impact_reason"]
+
+
 def test_gd314_is_silent_on_a_model_compiled_once(tmp_path) -> None:
     run = compiled_run(tmp_path, CompileEvent(step=0, function="forward", file="model.py", line=20, seconds=2.0))
     assert_silent("GD314", run)

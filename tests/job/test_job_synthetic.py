@@ -225,3 +225,18 @@ def test_a_job_page_and_its_rank_pages_say_the_same_of_each_rank(tmp_path: Path)
     assert f"GPU idle {round(idlest['gpu_idle_share'] * 100)}% of it on rank 1" in job_page
     slow = pages[1]["summary"]["verdict"]
     assert slow.startswith("The other ranks wait for this one in every collective: fixing it brings the job's"), slow
+
+
+def test_the_jobs_step_is_said_with_the_profilers_effect_on_the_rank_it_is_of(tmp_path: Path) -> None:
+    """The torchrun straggler on two H200s: rank 0's host ran ahead of its GPU in the window (its profiled steps
+    7 ms, its others 92 ms), rank 1 stepped at 93 ms throughout. The job's step is rank 1's, and so is what is said
+    of the profiler beside it: not rank 0's "ran 0.09× as long as the others"."""
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8, outside_s=0.016)
+    _rank(tmp_path, 1, data_wait_s=0.012, compute=(0.012, 0.017), allreduce=(0.017, 0.019), workers=0,
+          outside_s=0.019)
+    report = write(diagnose([tmp_path], prepare_rules(RuleSelection())), tmp_path, ("html",)).report
+    rank_0, rank_1 = (json.loads((tmp_path / f"rank-{r}" / "findings.json").read_text())["run"] for r in (0, 1))
+    assert rank_0["window_distortion"] == 1.25 and rank_1["window_distortion"] == 1.053
+    assert report["run"]["step_s"] == rank_1["step_s"]
+    assert report["run"]["window_distortion"] == 1.053
+    assert "the profiler slowed the steps it recorded" not in (tmp_path / "report.html").read_text()

@@ -58,6 +58,16 @@ def test_a_fix_that_saves_less_than_runs_differ_by_is_not_tried(tmp_path: Path, 
     assert [remedy.loader.num_workers for remedy in ran if remedy.loader] == [3, 4]
 
 
+def test_a_finding_whose_time_a_small_ones_counts_is_not_tried_for_the_same_fix(tmp_path: Path,
+                                                                               ran: list[Remedy]) -> None:
+    """The torchrun straggler's rank 1 copies images and labels from one unpinned batch: two GD202 findings, the
+    second's idle counted in the first's (impact None), one fix. Neither is worth a run of the job."""
+    first, second = _finding("GD202", 0.0027, 2), _finding("GD202", None, 2)
+    first, second = _try(tmp_path, [first, second], TrySettings())
+    assert first.tried is not None and second.tried == first.tried
+    assert ran == []
+
+
 def test_a_small_fix_asked_for_by_its_code_is_tried(tmp_path: Path, ran: list[Remedy]) -> None:
     [small] = _try(tmp_path, [_finding("GD202", 0.012, 2)], TrySettings(finding="GD202"))
     assert small.tried is not None and small.tried.status == "measured"
