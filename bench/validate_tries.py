@@ -61,7 +61,7 @@ TRY_PAIRS = (
     TryPair("GD101", "data_starvation_bad", "data_starvation_fixed"),
     TryPair("GD102", "data_starvation_workers_bad", "data_starvation_workers_fixed"),
     TryPair("GD102", "classifier_few_workers_bad", "classifier_few_workers_fixed",
-            "the try's fix is the suggested 14 workers (16 cores), the twin's 8", args=("--steps", "100")),
+            "the twin with as many workers as the try gave", args=("--steps", "100"), twin_takes_workers=True),
     # Its default 30 steps are its 16 workers' start-up: their first 32 batches, made while it starts, feed them.
     TryPair("GD503", "cpu_oversubscription_bad", "cpu_oversubscription_fixed", args=("--steps", "200")),
     TryPair("GD502", "fork_after_cuda_bad", "fork_after_cuda_fixed"),
