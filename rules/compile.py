@@ -117,10 +117,10 @@ def graph_breaks_and_recompiles(run: Run, min_recompiles: int = 1) -> Iterator[F
     A break that reads a value the GPU computes (`.item()`, a branch on a tensor's value) makes the host wait
     for the GPU at each call, as GD211's syncs do, though no hook sees it inside the compiled code: where no
     other synchronizing call was recorded, its impact is the budget's `sync` slice, the GPU's idle around the
-    host's synchronizations (recompiles_bad on an H200: 7.8% of the step; its twin without the break and the
-    recompilations measured 9% faster). Another break's cost (the launches and Python between its graphs), or
-    one beside recorded syncs, which GD211 sizes, is not predicted: its finding gives its count, reason and the
-    compile time of the code after it.
+    host's synchronizations, shared among the breaks that read a value (recompiles_bad on an H200: 7.8% of the
+    step; its twin without the break and the recompilations measured 9% faster). Another break's cost (the
+    launches and Python between its graphs), or one beside recorded syncs, which GD211 sizes, is not predicted:
+    its finding gives its count, reason and the compile time of the code after it.
     """
     run.require_steps()
     found = run.job_time.compiles
@@ -132,8 +132,9 @@ def graph_breaks_and_recompiles(run: Run, min_recompiles: int = 1) -> Iterator[F
     first = steady[0].index if steady else 0
     wall = sum(s.wall_s for s in steady)
     waits = _unclaimed_sync_share(run)
-    for broken in found.breaks:
-        yield _break_finding(broken, found, waits)
+    reading = sum(_reads_value(_reason(broken, found)) for broken in found.breaks)
+    for broken in found.breaks:  # the breaks that read a value share the waits
+        yield _break_finding(broken, found, waits / reading if waits and reading else None)
     for again in found.recompiles:
         if again.count >= min_recompiles:
             yield _recompile_finding(again, again.seconds_from(first) / wall if wall > 0 else None)
@@ -148,11 +149,18 @@ def _unclaimed_sync_share(run: Run) -> float | None:
     return next(s.share for s in budget.slices if s.name == "sync")
 
 
+def _reason(broken: GraphBreak, found: Compiles) -> str | None:
+    return broken.reason or next(iter(found.graph_breaks), None)
+
+
+def _reads_value(reason: str | None) -> bool:
+    return reason is not None and any(key.lower() in reason.lower() for key in VALUE_READS)
+
+
 def _break_finding(broken: GraphBreak, found: Compiles, waits: float | None) -> Finding:
-    reason = broken.reason or next(iter(found.graph_breaks), None)
+    reason = _reason(broken, found)
     hits = found.graph_breaks.get(reason, 0) if reason else 0
-    reads = reason is not None and any(key.lower() in reason.lower() for key in VALUE_READS)
-    impact = round(waits, 4) if reads and waits else None
+    impact = round(waits, 4) if waits and _reads_value(reason) else None
     return Finding(
         # the line is the finding's location, which every view shows beside the title
         "The compiled code breaks its graph" + (f" in {broken.location.function}()" if broken.location else "")

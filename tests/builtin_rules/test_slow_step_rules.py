@@ -142,7 +142,7 @@ def test_gd314_names_each_graph_break_and_each_recompiled_function(tmp_path) -> 
     assert "mark_dynamic" in again["fix"]
 
 
-def _breaking_run(tmp_path, hooked_sync: bool):
+def _breaking_run(tmp_path, hooked_sync: bool, breaks: tuple[int, ...] = (27,)):
     """10 ms steps: 4 ms of kernels, then the host waits for the GPU (the break's `.item()`), then 6 ms of GPU idle
     till the next launch; with `hooked_sync`, the script's own `.item()` at train.py:58 was recorded too."""
     b = BundleBuilder(tmp_path)
@@ -154,8 +154,8 @@ def _breaking_run(tmp_path, hooked_sync: bool):
     b.forward_site("OptimizedModule", site=("train.py", 50, "main"))
     b.event(CompileEvent(step=0, compile_id="0/0", function="forward", file="model.py", line=20, seconds=2.0,
                          restart_reasons=[BREAK]),
-            CompileEvent(step=0, compile_id="1/0", function="torch_dynamo_resume_in_forward_at_27", file="model.py",
-                         line=27, seconds=0.3))
+            *(CompileEvent(step=0, compile_id=f"{n}/0", function=f"torch_dynamo_resume_in_forward_at_{line}",
+                           file="model.py", line=line, seconds=0.3) for n, line in enumerate(breaks, start=1)))
     return b.build()
 
 
@@ -171,6 +171,8 @@ def test_gd314_sizes_a_break_that_reads_a_value_by_the_waits_no_hook_saw(tmp_pat
     beside = _breaking_run(tmp_path / "beside", hooked_sync=True)  # GD211 sizes the waits then: not counted twice
     [broken] = [f for f in run_rule("GD314", beside) if f["location"]["line"] == 27]
     assert broken["impact"] is None and "not predicted" in broken["impact_reason"]
+    two = _breaking_run(tmp_path / "two", hooked_sync=False, breaks=(27, 31))  # two reads share the waits
+    assert [f["impact"] for f in run_rule("GD314", two)] == pytest.approx([waits / 2, waits / 2], abs=1e-3)
 
 
 def test_gd314_is_silent_on_a_model_compiled_once(tmp_path) -> None:
