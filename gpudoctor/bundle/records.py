@@ -57,6 +57,15 @@ _TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 def first_line(message: str | None, limit: int = 200) -> str:
     """An exception's message as a sentence quotes it: its first line, without terminal colour codes or the spaces
-    around it, cut at `limit` characters ('' for none)."""
+    around it ('' for none). A longer line than `limit` characters ends at its last whole sentence within them
+    (CUDA's out-of-memory message runs on for 400), else at a word, with '…'; a line of one word is cut."""
     lines = _TERMINAL_ESCAPE.sub("", message or "").strip().splitlines()
-    return lines[0].strip()[:limit] if lines else ""
+    line = lines[0].strip() if lines else ""
+    if len(line) <= limit:
+        return line
+    kept = line[:limit + 1]
+    sentence = kept.rfind(". ")
+    if sentence > 0:
+        return kept[:sentence + 1]
+    word = kept.rfind(" ")
+    return kept[:word].rstrip(",;:") + "…" if word > 0 else line[:limit]

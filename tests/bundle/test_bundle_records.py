@@ -145,3 +145,14 @@ def test_an_exceptions_message_is_quoted_by_its_first_line_without_terminal_code
 
 def test_a_quoted_message_is_cut_at_its_limit() -> None:
     assert first_line("x" * 300) == "x" * 200 and first_line("abcdef", 3) == "abc"
+
+
+def test_a_long_message_ends_at_a_whole_sentence_or_word() -> None:
+    """CUDA's out-of-memory message on an H200: its first line runs on for 400 characters."""
+    oom = ("CUDA out of memory. Tried to allocate 279.60 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+           "138.99 GiB is free. Including non-PyTorch memory, this process has 826.00 MiB memory in use. Of the "
+           "allocated memory 64.00 MiB is allocated by PyTorch, and 2.00 MiB is reserved by PyTorch but unallocated.")
+    assert first_line(oom) == ("CUDA out of memory. Tried to allocate 279.60 GiB. GPU 0 has a total capacity of "
+                               "139.80 GiB of which 138.99 GiB is free. Including non-PyTorch memory, this process "
+                               "has 826.00 MiB memory in use.")
+    assert first_line("the batch of images, labels and masks", 20) == "the batch of images…"

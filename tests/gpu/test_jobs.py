@@ -63,6 +63,21 @@ def test_a_script_that_crashes_or_is_killed(suite: Suite, end: str) -> None:
         assert pair.plain.stderr.splitlines()[-1] in pair.profiled.stderr
 
 
+def test_a_script_that_runs_out_of_gpu_memory(suite: Suite) -> None:
+    """CUDA's out-of-memory error ends the script as it does plainly, and the report says where the memory was."""
+    pair = suite.compare([PYTHON, LOOP, "--end", "oom"])
+    raised = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "  # the figures after it differ
+    assert pair.plain.returncode == 1 and pair.plain.stderr.splitlines()[-1].startswith(raised)
+    assert raised in pair.profiled.stderr
+    findings = checked_findings(pair.run_dir / "findings.json")["findings"]
+    [oom] = [f for f in findings if f["title"].startswith("CUDA ran out of memory")]
+    assert oom["code"] == "GD402" and oom["severity"] == "critical"
+    evidence = {e["name"]: e["value"] for e in oom["evidence"]}
+    assert evidence["allocated by tensors"] > 0 and evidence["device"] > 10, evidence  # GiB
+    assert evidence["asked for"], evidence
+    assert oom["location"]["file"] == LOOP, oom["location"]
+
+
 def test_try_fixes_on_a_starved_loader(suite: Suite) -> None:
     command = [PYTHON, LOOP, "--steps", "60", "--workers", "0", "--sample-ms", "1"]
     plain = suite.plain(command)

@@ -1,7 +1,8 @@
 """A small CUDA loop for the GPU suite: training or inference, over a DataLoader, ending as asked.
 
 It prints only `suite:` lines whose text does not depend on timing, so that a plain run and a profiled one print
-the same. --end: ok | raise | sigterm (the process kills itself) | forever (loops until stopped).
+the same. --end: ok | raise | sigterm (the process kills itself) | forever (loops until stopped) | oom (asks for more
+memory than the GPU holds).
 """
 
 import argparse
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--graphs", action="store_true")
-    parser.add_argument("--end", choices=("ok", "raise", "sigterm", "forever"), default="ok")
+    parser.add_argument("--end", choices=("ok", "raise", "sigterm", "forever", "oom"), default="ok")
     args = parser.parse_args()
     torch.manual_seed(0)
     net = network().cuda()
@@ -122,6 +123,9 @@ def main() -> None:
         raise RuntimeError("the loop failed on purpose")
     if args.end == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
+    if args.end == "oom":
+        total = torch.cuda.mem_get_info()[1]
+        torch.empty(2 * total, dtype=torch.uint8, device="cuda")  # twice what the device holds
 
 
 if __name__ == "__main__":
