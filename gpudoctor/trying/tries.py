@@ -242,7 +242,7 @@ class _Tries:
             return None
         self.too_small[remedy] = Tried(status="not_applicable", applied=remedy.describe(), reason=(
             f"not tried: it saves ~{finding.impact:.1%} of the step, less than two runs of the script differ by; "
-            f"`gpudoctor try --finding {finding.code}` tries it"))
+            f"`gpudoctor try {self.diagnosed.run_dir} --finding {finding.code}` tries it"))
         return self.too_small[remedy]
 
     def _keep_outputs(self) -> None:

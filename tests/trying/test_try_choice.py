@@ -52,7 +52,7 @@ def test_a_fix_that_saves_less_than_runs_differ_by_is_not_tried(tmp_path: Path, 
                                             _finding("GD101", 0.8, 4)], TrySettings())
     assert small.tried is not None and small.tried.status == "not_applicable"
     assert small.tried.reason == ("not tried: it saves ~1.2% of the step, less than two runs of the script differ "
-                                  "by; `gpudoctor try --finding GD202` tries it")
+                                  f"by; `gpudoctor try {tmp_path / 'run'} --finding GD202` tries it")
     # a saving not predicted is tried: measuring it is the point
     assert [f.tried.status for f in (unknown, large) if f.tried] == ["measured", "measured"]
     assert [remedy.loader.num_workers for remedy in ran if remedy.loader] == [3, 4]
