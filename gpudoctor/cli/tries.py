@@ -43,7 +43,8 @@ TRY_HELP = ("Try the fixes of a run that `gpudoctor profile` recorded: analyse i
 def try_fixes(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory of `gpudoctor profile`.")],
     finding: Annotated[str | None, typer.Option(
-        "--finding", metavar="CODE", help="Try only this finding's fix (a code, or a prefix of codes).",
+        "--finding", metavar="CODE", help="Try only this finding's fix (a code, or a prefix of codes), even one "
+                                          "predicted to save under 5% of the step, which is otherwise not tried.",
         show_default=False)] = None,
     try_steps: TryStepsOption = None, try_timeout: TryTimeoutOption = None,
     try_all: Annotated[bool, typer.Option(

@@ -9,6 +9,8 @@ the allocation that triggered it, where writing a file could re-enter the writer
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import gc
 import os
 import threading
@@ -27,6 +29,12 @@ perf_counter = time.perf_counter
 # A collection of the youngest generations takes microseconds; one of the oldest, or one this long, is kept.
 GC_KEPT_S = 0.005
 MAX_PENDING = 1000  # pauses kept for one step at most (a script that saves in a loop)
+INTERRUPT_AGAIN_S = 0.001  # an interrupt the collector's callback caught is delivered again after this long
+
+
+def _interrupt_main_later() -> None:
+    time.sleep(INTERRUPT_AGAIN_S)
+    _thread.interrupt_main()
 
 
 class PauseWatch:
@@ -102,6 +110,16 @@ class PauseWatch:
         return make
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        try:
+            self._timed_gc(phase, info)
+        except KeyboardInterrupt:
+            # Python prints and drops what a gc callback raises: Ctrl-C (or --timeout's SIGINT) arriving in this
+            # one would be lost, and the script run on. Delivered again a moment later, from another thread (from
+            # this one it would be raised here again), it is raised in the script's own code, as without gpudoctor.
+            with contextlib.suppress(RuntimeError):  # no new thread while the interpreter shuts down
+                _thread.start_new_thread(_interrupt_main_later, ())
+
+    def _timed_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._gc_started = perf_counter()
             return
