@@ -96,7 +96,7 @@ TryFixesOption = Annotated[bool, typer.Option(
                         "each try in RUN/tries/CODE/, its speed-up on the finding. --try-fixes=all also tries the "
                         "fixes that change the numerics (TF32, bf16 autocast, torch.compile), each with how far the "
                         "loss moved. A fix predicted to save under 5% of the step is not tried (`gpudoctor try "
-                        "--finding CODE` tries it).")]
+                        "RUN_DIR --finding CODE` tries it).")]
 # `--try-fixes=all`, as typed, becomes `--try-fixes` and this hidden flag (try_fixes_all_args).
 TRY_ALL, TRY_NUMERICS = "--try-fixes=all", "--try-numerics"
 TryNumericsOption = Annotated[bool, typer.Option(
