@@ -112,9 +112,35 @@ class Remedy(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
             parts.append(f'torch.compile(model, backend="{self.compile}") on the model the loop calls')
         return parts
 
+    def contains(self, other: Remedy) -> bool:
+        """Whether applying this remedy makes every change `other` makes, as `other` makes it: the same change, or
+        one that holds it (a loader's workers and pinned memory hold its pinned memory alone), on the same ranks.
+        A remedy that changes nothing holds nothing."""
+        if self.rank != other.rank or other == Remedy(rank=other.rank):
+            return False
+        return _holds(self, other)
+
     def to_json(self) -> dict[str, Any]:
         return cast("dict[str, Any]", msgspec.to_builtins(self))
 
     @classmethod
     def from_json(cls, data: object) -> Remedy:
         return msgspec.convert(data, cls)
+
+
+def _holds(outer: msgspec.Struct, inner: msgspec.Struct) -> bool:
+    """Each field `inner` sets (not its default) set alike in `outer`; a nested remedy (a loader's, an optimizer's)
+    compared the same way, where both name the same place (`at`)."""
+    for field in msgspec.structs.fields(inner):
+        value = getattr(inner, field.name)
+        if value == field.default:
+            continue
+        held = getattr(outer, field.name)
+        if isinstance(value, msgspec.Struct):
+            if not isinstance(held, type(value)) or getattr(held, "at", None) != getattr(value, "at", None):
+                return False
+            if not _holds(held, value):
+                return False
+        elif held != value:
+            return False
+    return True

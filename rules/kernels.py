@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gpudoctor import Finding, Run, rule
+from gpudoctor import Finding, Remedy, Run, rule
 from gpudoctor.analysis import BatchGrowth, batch_setting, compile_setting, settings_location
 
 # The start of GD301's evidence key for the saving per sample of a larger batch (bench/validate_impacts.py reads it).
@@ -27,7 +27,8 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     Why it matters: each kernel launch costs the host a few microseconds; when a kernel runs for less
     than that, the GPU idles between kernels. Small batches are the usual cause.
 
-    Fix: cut launches at the same batch: `torch.compile(model)`; a model compiled already, with
+    Fix: cut launches at the same batch: `torch.compile(model)` (which `--try-fixes=all` tries, as GD313's fix, with
+    how far the loss moved); a model compiled already, with
     `mode="reduce-overhead"` (CUDA graphs); a step that replays CUDA graphs already, by compiling what launches
     outside them (the optimizer step). Or raise the batch size: the host's launches stay as many, and the
     kernels, which fill little of the GPU, take more samples in about the same time. A residual MLP at
@@ -38,6 +39,9 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     small_batch_bad predicts 37%, and its twin replaying forward and backward as CUDA graphs
     (small_batch_graphed) measured 49%. CUPTI slows every launch, so the profiled steps show this idle
     inflated (small_batch_bad: 3.0 ms steps outside the window, 2.2 times that profiled).
+    Compiling fuses fewer launches than CUDA graphs remove: where GD313 sizes what compiling saves a step of
+    fusible kernels, that is the one claim both findings make (engine.runner.one_claim_per_fix), and this one
+    counts nothing more.
     The evidence adds what a larger batch would save per sample (analysis.batch_growth): the batch grown
     by powers of two until the saving nears its limit, as far as the device's memory allows, from how much
     of the GPU the kernels fill. It errs both ways: small_batch_bad's 74% at 8× against 97% measured at
@@ -80,7 +84,13 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         impact=impact, location=settings_location(run, loader) or (loader.location if loader else None)
         or run.sites.forward_location,
         evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(run, batch, growth, headroom)}",
+        remedy=Remedy(compile="inductor") if _compiles_first(run) else None,
     )
+
+
+def _compiles_first(run: Run) -> bool:
+    """Whether the fix that cuts launches is compiling the model (nothing compiled or replayed as graphs yet)."""
+    return not run.gpu_work.replays_cuda_graphs and run.sites.forward_module != "OptimizedModule"
 
 
 def _larger_batch(run: Run, batch: int | None, growth: BatchGrowth | None, headroom: float | None) -> str:

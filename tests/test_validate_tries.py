@@ -31,7 +31,7 @@ def test_a_twin_takes_the_workers_the_try_gave() -> None:
 
 
 def test_a_prediction_is_judged_as_a_saving_within_thirty_percent_or_five_points() -> None:
-    assert _saving_within(0.95, 41.26) == "yes"  # GD702's capped 95% beside its twin's 97.6%
+    assert _saving_within(0.95, 41.26) == "yes"  # a 95% saving beside a twin's 97.6%
     assert _saving_within(0.34, 1.02) == "no"  # loader_pageable: 34% predicted, 2% measured
     assert _saving_within(0.52, 3.11) == "yes"  # 52% beside 68%: within ±30%
     assert _saving_within(None, 2.0) == "—"

@@ -25,10 +25,6 @@ from gpudoctor.vocabulary import SEVERITIES
 # A finding that saves less than this share of the step is at most `info`: it is below the run-to-run noise
 # of step times (the two plain runs of each recorded fixture differ by 2-5%, fixtures/measurements.json).
 NEGLIGIBLE_IMPACT = 0.02
-# The most of a step that one finding, or all of them together, says its fix saves: an estimate of nearly all of a
-# step is never a promise. startup_workers_bad's GD702 estimated 98% (144.6 → 2.9 ms), its twin measured 96%
-# (147.7 → 5.7 ms); checkpoint_stall_bad's GD701 99% against 99%; threadpool_inference_bad's GD501 99% against 93%.
-MAX_SAVING = 0.95
 # The rule, and the call site (file and line) or, for a finding without one, its title.
 FindingKey = tuple[str, str | None, int | None, str | None]
 RuleOptions = Mapping[str, Mapping[str, Any]]  # rule code -> option -> value
@@ -95,7 +91,8 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     # Negligible findings are `info` before the shares are handed out, so that one does not take a share from a
     # larger finding of a lower severity; and again after, where a share cut down becomes negligible.
     merged = _negligible_as_info(_merge(found.findings))
-    findings = within_slices(one_claim_per_share(merged, claims), claim_budget(run), idle=run.budget is not None)
+    idle = run.budget is not None
+    findings = one_claim_per_fix(within_slices(one_claim_per_share(merged, claims), claim_budget(run), idle=idle), idle)
     return EngineResult(rank(sized(findings, run.pace.seconds)), found.not_evaluated, found.errors)
 
 
@@ -195,6 +192,37 @@ def within_slices(records: list[FindingRecord], budget: Budget | None, idle: boo
     return [kept.get(index, record) for index, record in enumerate(records)]
 
 
+def one_claim_per_fix(records: list[FindingRecord], idle: bool = True) -> list[FindingRecord]:
+    """Findings whose fixes are one change (the same remedy, or one holding the other: gpudoctor.remedy.Remedy.
+    contains) and whose savings are made of the same slices of the budget are one claim: two estimates of what that
+    change saves, not two savings. The first in `_pool_order` (the one that names the cause within the other's
+    share: GD313's compiled kernels before GD301's launches) keeps its impact; the others keep their place and
+    evidence, with no impact and a reason naming it. elementwise_eager_bad: GD313 predicted 80% and GD301 the 12%
+    left of the host's idle, both by compiling the model; compiled, its twin measured 80%. One fix whose parts
+    save different slices (a loader's persistent workers: the wait for data, and the workers' start at each epoch)
+    stays the sum of its parts."""
+    holders: list[FindingRecord] = []
+    replaced: dict[int, FindingRecord] = {}
+    for index, record in sorted(enumerate(records), key=lambda item: _pool_order(item[1])):
+        if record.impact is None or record.remedy is None:
+            continue
+        holder = next((h for h in holders if _one_claim(h, record, idle)), None)
+        if holder is None:
+            holders.append(record)
+            continue
+        replaced[index] = msgspec.structs.replace(record, impact=None, saving_s=None,
+                                                  impact_reason=f"counted in {holder.code}'s finding: the same fix")
+    return [replaced.get(index, record) for index, record in enumerate(records)]
+
+
+def _one_claim(holder: FindingRecord, record: FindingRecord, idle: bool) -> bool:
+    """Whether two findings' fixes are one change that saves the same slices."""
+    assert holder.remedy is not None and record.remedy is not None
+    if not (holder.remedy.contains(record.remedy) or record.remedy.contains(holder.remedy)):
+        return False
+    return bool(set(_claimed(holder.category, idle)) & set(_claimed(record.category, idle)))
+
+
 def _claimed(category: str, idle: bool) -> tuple[str, ...]:
     """The slices a finding of `category` claims; of a host's budget (`idle` False), its one slice of time that
     fixes can take (analysis.budget.host_budget), which holds all a GPU's idle would be split into."""
@@ -210,11 +238,11 @@ def _take(left: dict[str, float], names: list[str], seconds_share: float) -> Non
 
 
 def sized(records: list[FindingRecord], step_s: float | None) -> list[FindingRecord]:
-    """Each finding with its saving, at most MAX_SAVING of the step, also in seconds of a `step_s` step, and at most
-    `info` when that is negligible."""
-    capped = [r if r.impact is None or r.impact <= MAX_SAVING else msgspec.structs.replace(r, impact=MAX_SAVING)
-              for r in records]
-    return _negligible_as_info(_with_savings(capped, step_s))
+    """Each finding with its saving also in seconds of a `step_s` step, and at most `info` when that is negligible.
+    No saving is cut to a ceiling: each is its rule's what-if of the step, within the budget's slices it claims
+    (`within_slices`), so that a stall of 99% of the steps' time is said as 99% (checkpoint_stall_bad: its twin,
+    saving once, measured 99%; startup_workers_bad's GD702 98% against 96%)."""
+    return _negligible_as_info(_with_savings(records, step_s))
 
 
 def _negligible_as_info(records: list[FindingRecord]) -> list[FindingRecord]:

@@ -37,12 +37,17 @@ def number(value: float | None, unit: str = "") -> str:
     return f"{text}{'%' if unit == '%' else (' ' + unit if unit else '')}"
 
 
+def times(factor: float) -> str:
+    """A speed-up to three significant digits at most: '1.8×', '20.4×', '128×'."""
+    return f"{factor:.1f}×" if factor < 10 else f"{factor:.3g}×" if factor < 100 else f"{factor:.0f}×"
+
+
 def step_after(step_s: float | None, saving_s: float | None) -> str:
     """What a fix would make of the step: '35.7 → ~17.1 ms/step (≈2.1×)'; empty when either is unknown."""
     if not step_s or saving_s is None:
         return ""
     after = max(step_s - saving_s, 0.0)
-    speedup = f"≈{step_s / after:.1f}×" if after > 0 else "all of it"
+    speedup = f"≈{times(step_s / after)}" if after > 0 else "all of it"
     before, later = seconds(step_s), seconds(after)
     if before.endswith(" ms") and later.endswith(" ms"):
         before = before.removesuffix(" ms")

@@ -12,7 +12,6 @@ from gpudoctor.analysis.budget import IDLE_SLICES, SLICE_LABELS, SLICES_OF_CATEG
 from gpudoctor.analysis.views import Location, Step
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.records import first_line
-from gpudoctor.engine.runner import MAX_SAVING
 from gpudoctor.report.cards import MAX_SOURCE_LINE
 from gpudoctor.report.document import NotMeasuredRow, Status
 from gpudoctor.report.units import seconds
@@ -138,7 +137,7 @@ def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step]
         measured = "" if status == "healthy" else " in what was measured"
         return f"{idle_text}; no problems found{measured}."
     count = f"{len(found)} problem" + ("s" if len(found) > 1 else "")
-    total = min(MAX_SAVING, sum(f.impact or 0.0 for f in found))
+    total = saving_together(found)
     if total <= 0 and idle is None:  # nothing measured of a GPU to say first (a CPU run): what was found
         their = "its" if len(found) == 1 else "their"
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
@@ -147,6 +146,13 @@ def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step]
         return f"{idle_text}; {count}."
     after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
     return f"{count}; fixing {'them' if len(found) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
+
+
+def saving_together(findings: list[FindingRecord]) -> float:
+    """What the findings' fixes save together, as a share of the step: the sum of their savings, which are made of
+    disjoint slices of the budget (engine.runner.within_slices) and one per fix (engine.runner.one_claim_per_fix),
+    so that two findings of one change count it once."""
+    return min(1.0, sum(f.impact or 0.0 for f in problems(findings)))
 
 
 def _raised(run: Run) -> str | None:

@@ -67,7 +67,8 @@ NOT_AT_RUN_TIME = {
              "an event, an edit",
     "GD204": "overlapping the copy with the step needs a prefetch of the next batch, an edit of the loop",
     "GD211": "a synchronization is a line of the script: removing it is an edit",
-    "GD301": "the batch size is the script's own: a larger one changes what each step computes",
+    "GD301": "the model is compiled or replayed as CUDA graphs already: capturing more of the step, or a larger "
+             "batch, which changes what each step computes, is an edit of the script",
     "GD312": "the optimizer is not one of torch.optim's: choosing another is an edit of the script",
     "GD314": "a graph break or a recompilation is the script's code: removing it is an edit",
     "GD701": "how often the script saves, evaluates or collects is its own: doing it less often or in the "

@@ -10,7 +10,6 @@ from gpudoctor.analysis.views import Location
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.engine import run_rules
-from gpudoctor.engine.runner import MAX_SAVING
 from gpudoctor.errors import BundleError, RuleLoadError
 
 
@@ -65,9 +64,9 @@ def test_options_are_overridable():
     assert result.findings[0].impact == 0.9
 
 
-def test_impact_is_clamped_to_a_share_and_to_what_a_fix_may_promise():
-    result = run_rules(empty_run(), [always_fires], {"TST101": {"impact": 3.0}})
-    assert result.findings[0].impact == MAX_SAVING == 0.95
+def test_impact_is_clamped_to_a_share_and_a_large_one_is_not_cut_to_a_ceiling():
+    assert run_rules(empty_run(), [always_fires], {"TST101": {"impact": 3.0}}).findings[0].impact == 1.0
+    assert run_rules(empty_run(), [always_fires], {"TST101": {"impact": 0.99}}).findings[0].impact == 0.99
 
 
 @pytest.mark.parametrize(
