@@ -88,9 +88,16 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     )
 
 
+def _compiled(run: Run) -> bool:
+    """Whether the step runs a compiled model: the script's own torch.compile, or Triton kernels that a compiler
+    made (a try that compiled the model through gpudoctor leaves the script's module as it was)."""
+    fusion = run.gpu_work.fusion
+    return run.sites.forward_module == "OptimizedModule" or (fusion is not None and fusion.triton)
+
+
 def _compiles_first(run: Run) -> bool:
     """Whether the fix that cuts launches is compiling the model (nothing compiled or replayed as graphs yet)."""
-    return not run.gpu_work.replays_cuda_graphs and run.sites.forward_module != "OptimizedModule"
+    return not run.gpu_work.replays_cuda_graphs and not _compiled(run)
 
 
 def _larger_batch(run: Run, batch: int | None, growth: BatchGrowth | None, headroom: float | None) -> str:
@@ -112,7 +119,7 @@ def _fewer_launches(run: Run) -> str:
     if run.gpu_work.replays_cuda_graphs:
         return ("compile what launches outside the CUDA graphs the step replays already (the optimizer step: "
                 "torch.compile a function that calls optimizer.step())")
-    if run.sites.forward_module == "OptimizedModule":
+    if _compiled(run):
         return 'replay the compiled model as CUDA graphs: torch.compile(model, mode="reduce-overhead")'
     setting = compile_setting(run)
     if setting is not None:

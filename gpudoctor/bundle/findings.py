@@ -81,6 +81,7 @@ class TriedJson(_TriedFields, total=False):
     changes: list[TriedChangeJson]  # only where the try read its settings back from its ranks' bundles
     fix_of: str  # only on a finding whose saving another finding's fix makes, and that fix was tried
     not_as_predicted: str  # only where the try changed more than the prediction assumes
+    bundle: str  # only where the try ran: its run directory, relative to the diagnosed run's ("tries/GD313")
 
 
 class FindingJson(_FindingFields, total=False):
@@ -192,7 +193,8 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     `tier`: whether the fix keeps the computation ("same", tried by --try-fixes) or changes its numerics
     ("numerics", tried only by --try-fixes=all); `loss_delta`: how far the loss handed to backward() moved over the
     steps both runs recorded, relative to the diagnosed run's (gpudoctor.trying.numerics); `compile_s`: for a fix
-    that compiles the model, the seconds torch.compile took, reported apart from the steps timed after it."""
+    that compiles the model, the seconds torch.compile took, reported apart from the steps timed after it;
+    `bundle`: where the try ran, its run directory relative to the diagnosed run's."""
 
     what: ClassVar[str] = "tried fix"
     status: str
@@ -207,10 +209,11 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     tier: str | None = None
     loss_delta: Annotated[float, msgspec.Meta(ge=0)] | None = None
     compile_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    bundle: str | None = None
 
     def to_json(self) -> TriedJson:
         plain = cast("TriedJson", self._plain())
-        for key in ("changes", "fix_of", "not_as_predicted"):  # only some tries have them
+        for key in ("changes", "fix_of", "not_as_predicted", "bundle"):  # only some tries have them
             if getattr(self, key) is None:
                 del plain[key]  # type: ignore[misc]
         return plain

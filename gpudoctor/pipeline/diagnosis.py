@@ -12,9 +12,11 @@ from typing import IO, TYPE_CHECKING
 from gpudoctor.analysis import Run
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.engine import EngineResult, PreparedRules, RunDiagnosis, WindowStats, diagnose_windows
+from gpudoctor.errors import GpudoctorError
 from gpudoctor.job import Job
 from gpudoctor.job.merge import JobDiagnosis, diagnose_job
 from gpudoctor.pipeline.inputs import is_job, open_run
+from gpudoctor.report.together import LeftAfterTry, lead_try, left_after
 from gpudoctor.trying.settings import TrySettings
 from gpudoctor.ui.trace_progress import TraceProgress
 from gpudoctor.vocabulary import SEVERITIES
@@ -34,6 +36,8 @@ class Diagnosis:
     found: RunDiagnosis | JobDiagnosis
     docs: Mapping[str, str]  # each rule's full documentation, by code, for the report's cards
     source: Path
+    rules: PreparedRules | None = None  # the rules it ran, which diagnose a try's own run alike
+    left: LeftAfterTry | None = None  # a run whose fixes were tried: what the fastest measured try leaves
 
     @property
     def subject(self) -> Run | Job:
@@ -73,7 +77,7 @@ def diagnose(paths: Sequence[Path], rules: PreparedRules, progress: IO[str] | No
     terminal, is shown how far a large trace has been read. `job`: the caller ran a job (torchrun), whatever its
     directory holds."""
     if job or is_job(paths):
-        return Diagnosis(diagnose_job(paths, rules), rules.docs, paths[0])
+        return Diagnosis(diagnose_job(paths, rules), rules.docs, paths[0], rules)
     run = open_run(paths[0])
     if progress is not None:
         run.trace_progress = TraceProgress.on_terminal(progress)  # None unless it is a terminal
@@ -83,7 +87,7 @@ def diagnose(paths: Sequence[Path], rules: PreparedRules, progress: IO[str] | No
 def diagnose_run(run: Run, rules: PreparedRules) -> Diagnosis:
     """The diagnosis of a run already open."""
     found = diagnose_windows(run, rules.rules, rules.options, rules.limits)
-    return Diagnosis(found, rules.docs, run.path if run.path is not None else Path("."))
+    return Diagnosis(found, rules.docs, run.path if run.path is not None else Path("."), rules)
 
 
 # The tries are imported when they are made: they start processes (launch/), which the analysis alone never does.
@@ -95,7 +99,25 @@ def try_fixes(diagnosis: Diagnosis, settings: TrySettings, say: Callable[[str], 
     from gpudoctor.trying.tries import try_fixes as tried
 
     findings = tried(diagnosis.findings, diagnosis.pace_s, diagnosis.source, settings, say, confirmed)
-    return diagnosis.with_findings(findings)
+    tried_diagnosis = diagnosis.with_findings(findings)
+    return dataclasses.replace(tried_diagnosis, left=left_after_lead_try(tried_diagnosis))
+
+
+def left_after_lead_try(diagnosis: Diagnosis) -> LeftAfterTry | None:
+    """What the fastest measured try's own run still shows, diagnosed by the same rules (report.together); None
+    for a job, where no try was measured, or where the try's bundle cannot be read."""
+    lead = lead_try(diagnosis.findings)
+    if lead is None or lead.tried is None or not lead.tried.bundle or diagnosis.rules is None:
+        return None
+    if not isinstance(diagnosis.found, RunDiagnosis) or not diagnosis.source.is_dir():
+        return None
+    try:
+        run = open_run(diagnosis.source / lead.tried.bundle)
+        found = diagnose_run(run, diagnosis.rules)
+    except GpudoctorError:
+        return None
+    step_s = found.pace_s or lead.tried.step_s
+    return left_after(lead, found.findings, step_s) if step_s else None
 
 
 def confirm_tries(diagnosis: Diagnosis, settings: TrySettings, yes: bool) -> Diagnosed | None:

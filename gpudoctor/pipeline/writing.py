@@ -54,7 +54,7 @@ def _reports(diagnosis: Diagnosis, out_dir: Path) -> tuple[Report, dict[Path, Re
     """The report, and a job's ranks' own reports by their bundle."""
     found = diagnosis.found
     if isinstance(found, RunDiagnosis):
-        return build_report(found.run, found.result, diagnosis.docs, found.windows), {}
+        return build_report(found.run, found.result, diagnosis.docs, found.windows, diagnosis.left), {}
     return job_reports(found, diagnosis.docs, out_dir)
 
 

@@ -13,10 +13,11 @@ from gpudoctor.bundle.findings import FindingJson, LocationJson, NotEvaluatedJso
 from gpudoctor.engine.windows import WindowStats
 
 __all__ = [
-    "BreakdownJson", "Card", "Charts", "ExceptionFacts", "FindingsDocument", "GpuBar", "HostSegment", "KernelBinRow",
-    "KernelChart", "LegendItem", "Links", "NotMeasuredRow", "PanelJson", "PhaseRow", "RankTimeJson", "Report",
-    "RunFacts", "SeriesRow", "SourceLine", "SourceSnippet", "SpanJson", "Status", "StepBarRow", "StepChart", "StepRow",
-    "Summary", "TimelineChart", "TopKernel", "WindowRow", "WindowSettingsJson",
+    "AfterTryFinding", "AfterTryJson", "BreakdownJson", "Card", "Charts", "ExceptionFacts", "FindingsDocument",
+    "GpuBar", "HostSegment", "KernelBinRow", "KernelChart", "LegendItem", "Links", "NotMeasuredRow", "PanelJson",
+    "PhaseRow", "RankTimeJson", "Report", "RunFacts", "SeriesRow", "SourceLine", "SourceSnippet", "SpanJson",
+    "Status", "StepBarRow", "StepChart", "StepRow", "Summary", "TimelineChart", "TopKernel", "WindowRow",
+    "WindowSettingsJson",
 ]
 
 Status = Literal["no_steps", "problems", "unexplained", "partial", "healthy"]
@@ -31,8 +32,26 @@ class _SummaryFields(TypedDict):
     status: Status
 
 
+class AfterTryFinding(TypedDict):
+    code: str
+    title: str
+    impact: float | None
+    saving_s: float | None
+
+
+class AfterTryJson(TypedDict):
+    """What the fastest measured try's own run still shows (report.together.LeftAfterTry)."""
+
+    code: str
+    step_s: float
+    bundle: str
+    saving: float
+    findings: list[AfterTryFinding]
+
+
 class Summary(_SummaryFields, total=False):
     waits_for: int  # a rank of a job that waits for another in every collective: that rank
+    after_try: AfterTryJson  # a run whose fixes were tried: what the fastest measured try leaves
 
 
 class ExceptionFacts(TypedDict):

@@ -46,10 +46,11 @@ from gpudoctor.report.document import (
     Report,
     RunFacts,
     StepRow,
+    Summary,
     WindowRow,
     WindowSettingsJson,
 )
-from gpudoctor.report.tried import with_tried_lead
+from gpudoctor.report.together import LeftAfterTry, headline
 from gpudoctor.report.verdict import problems, shown_file, too_short, unexplained_idle, verdict, with_raised
 from gpudoctor.report.verdict import status as status_of
 
@@ -205,11 +206,12 @@ def _run_facts(run: Run) -> RunFacts:
 
 
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,
-                 windows: list[WindowStats] | None = None) -> Report:
+                 windows: list[WindowStats] | None = None, left: LeftAfterTry | None = None) -> Report:
     """The Report of `run` and its rules' `result`; `docs` maps a rule code to its full documentation.
 
     `windows` has one row per profiling window of a run profiled with --every (see engine.windows);
-    `run` is then the window the charts show.
+    `run` is then the window the charts show. `left`: what the fastest measured try's own run still shows,
+    which the verdict gives after that try (report.together).
     """
     steps = run.steps
     idle = gpu_idle_share(run)
@@ -222,19 +224,19 @@ def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None 
     launch_bound = any(f.category == "small_batch" for f in found)  # the kernel chart shows why
     facts = _run_facts(run)
     facts["budget"] = budget_json(run.budget, result.findings)
+    summary: Summary = {
+        "verdict": headline(with_raised(run, verdict(idle, result.findings, steps, status, _elsewhere(run),
+                                                       facts["step_s"], unexplained, run.manifest.cwd)),
+                            facts["step_s"], result.findings, left),
+        "gpu_idle_share": idle, "healthy": not found and unexplained is None, "problems": len(found), "status": status,
+    }
+    if left is not None:
+        summary["after_try"] = left.to_json()
     return {
         "schema_version": SCHEMA_VERSION,
         "gpudoctor_version": __version__,
         "run": facts,
-        "summary": {
-            "verdict": with_tried_lead(with_raised(run, verdict(idle, result.findings, steps, status,
-                                                                  _elsewhere(run), facts["step_s"], unexplained,
-                                                                  run.manifest.cwd)),
-                                       facts["step_s"], findings),
-            "gpu_idle_share": idle,
-            "healthy": not found and unexplained is None,
-            "problems": len(found), "status": status,
-        },
+        "summary": summary,
         "not_measured": not_measured,
         # The phases are timed in the window's detail steps; the data wait is every step's.
         "breakdown": _breakdown(run.step_view.hooked_steps or steps, run.steady_wait_share, facts["step_s"]),

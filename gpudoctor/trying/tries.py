@@ -277,7 +277,8 @@ class _Tries:
             moved = self.kept.after_try(before, folder / OUTPUTS)
         if moved:
             self.say(f"the try wrote {len(moved)} file(s) in {self.directory.root}; they are in {folder / OUTPUTS}")
-        return measure(self.diagnosed, folder, remedy, ended, timeout_s)
+        tried = measure(self.diagnosed, folder, remedy, ended, timeout_s)
+        return msgspec.structs.replace(tried, bundle=f"{TRIES_DIR}/{folder.name}")
 
 
 @dataclass(frozen=True)

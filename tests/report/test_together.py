@@ -1,0 +1,93 @@
+"""What the fixes do together, as the verdict says it (report.together): a measured try replaces the prediction of
+the fix it applied, and what is left is sized on the step it measured, from the try's own run."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gpudoctor.bundle.findings import FindingRecord, Tried
+from gpudoctor.pipeline import Diagnosis, RuleSelection, diagnose, prepare_rules
+from gpudoctor.pipeline.diagnosis import left_after_lead_try
+from gpudoctor.pipeline.writing import report_of
+from gpudoctor.remedy import OptimizerRemedy, Remedy
+from gpudoctor.report.together import headline
+from gpudoctor.report.units import seconds
+from gpudoctor.testing import BundleBuilder
+
+ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >"
+TRITON = "triton_poi_fused_add_mul_sigmoid_0"
+
+
+def launch_bound(path: Path, kernel_name: str, step_s: float) -> None:
+    """Launch-bound steps: 100 kernels of 2 µs each, the GPU busy 4% of a step."""
+    b = BundleBuilder(path, window=(2, 1, None))
+    b.steps(10, wall_s=step_s, gpu_busy_s=0.04 * step_s, kernels=100, kernel_name=kernel_name)
+    b.forward_site("Model", site=("train.py", 50, "main"))
+    b.build()
+
+
+def tried_diagnosis(tmp_path: Path, try_kernels: str, try_step_s: float = 0.002) -> Diagnosis:
+    """An eager launch-bound run whose compile fix (GD313's, and GD301's) was tried: the try's run, in
+    tries/GD313, steps in `try_step_s` launching `try_kernels`."""
+    launch_bound(tmp_path, ELEMENTWISE, 0.005)
+    launch_bound(tmp_path / "tries" / "GD313", try_kernels, try_step_s)
+    diagnosis = diagnose([tmp_path], prepare_rules(RuleSelection()))
+    tried = Tried(status="measured", applied='torch.compile(Model, backend="inductor")', step_s=try_step_s,
+                  speedup=0.005 / try_step_s, steps=8, bundle="tries/GD313")
+    with_tries = [msgspec.structs.replace(f, tried=tried) if f.remedy == Remedy(compile="inductor") else f
+                  for f in diagnosis.findings]
+    return diagnosis.with_findings(with_tries)
+
+
+def test_the_fix_two_findings_share_is_one_claim_and_its_try_leads(tmp_path: Path) -> None:
+    diagnosis = tried_diagnosis(tmp_path, TRITON)
+    found = {f.code: f for f in diagnosis.findings}
+    assert found["GD313"].impact == pytest.approx(0.8, abs=0.01) and found["GD301"].impact is None
+    left = left_after_lead_try(diagnosis)
+    assert left is not None and left.code == "GD313" and left.step_s == pytest.approx(0.002)
+    # compiled, the step is still launch-bound: what is left is GD301's CUDA graphs, a fix of its own
+    [rest] = left.findings
+    assert rest.code == "GD301" and rest.remedy is None and "reduce-overhead" in rest.fix
+    verdict = headline("2 problems.", 0.005, diagnosis.findings, left)
+    assert verdict.startswith("Tried GD313's fix: measured 5.0 → 2.0 ms/step, 2.5× (predicted ~1.0 ms). With it, "
+                              "1 problem is left: fixing it saves ~")
+    assert f"more of the {seconds(0.002)} step, down to ~{seconds(0.002 * (1 - rest.impact))} (estimated)." in verdict
+
+
+def test_a_try_whose_own_run_finds_the_same_fix_again_leaves_nothing(tmp_path: Path) -> None:
+    """The try's run, read back, still looks eager (its kernels named as eager ones): GD313 and GD301 ask for the
+    compile fix it applied. That is no problem left, and no combined step below the measured one is said."""
+    diagnosis = tried_diagnosis(tmp_path, ELEMENTWISE)
+    left = left_after_lead_try(diagnosis)
+    assert left is not None and left.findings == ()
+    verdict = headline("2 problems.", 0.005, diagnosis.findings, left)
+    assert verdict.endswith("With it, gpudoctor finds no other problem in the run it measured.")
+
+
+def test_the_report_says_what_the_try_left_and_findings_json_holds_it(tmp_path: Path) -> None:
+    diagnosis = tried_diagnosis(tmp_path, TRITON)
+    report = report_of(dataclasses.replace(diagnosis, left=left_after_lead_try(diagnosis)))
+    after = report["summary"]["after_try"]
+    assert after["code"] == "GD313" and after["bundle"] == "tries/GD313"
+    assert [f["code"] for f in after["findings"]] == ["GD301"] and after["saving"] > 0
+    assert "With it, 1 problem is left" in report["summary"]["verdict"]
+
+
+def test_a_try_whose_run_cannot_be_read_gives_the_other_problems_as_sized_before_it() -> None:
+    def finding(code: str, impact: float, remedy: Remedy | None, tried: Tried | None = None) -> FindingRecord:
+        return FindingRecord(code=code, name="x", category="optimizer", severity="warning", title=f"{code} title",
+                             impact=impact, saving_s=impact * 0.0358, evidence=[], location=None, fix="f",
+                             remedy=remedy, tried=tried)
+
+    tried = Tried(status="measured", step_s=0.018, speedup=0.0358 / 0.018, steps=50, bundle="tries/GD312")
+    fused = Remedy(optimizer=OptimizerRemedy(at="train.py:20"))
+    findings = [finding("GD312", 0.47, fused, tried), finding("GD301", 0.43, Remedy(compile="inductor"))]
+    verdict = headline("2 problems; fixing them saves ~90% of each 35.8 ms step, down to ~3.4 ms.", 0.0358,
+                       findings, None)
+    assert verdict == ("Tried GD312's fix: measured 35.8 → 18.0 ms/step, 1.99× (predicted ~19.0 ms). Sized on the "
+                       "35.8 ms step before it, the other problems save: GD301 ~43% (estimated).")
+    assert "3.4 ms" not in verdict  # no combined step from the prediction the try replaced
