@@ -11,6 +11,12 @@ from gpudoctor.analysis import BatchGrowth, batch_setting, compile_setting, sett
 SAMPLE_SAVING = "saving per sample"
 
 
+# Why a step compiled or replayed as CUDA graphs already gets no saving: no recorded pair measured one.
+UNSIZED_AFTER_COMPILE = ("the step is compiled or replays CUDA graphs already: what capturing more of it saves "
+                         "depends on the Python around its launches, which the trace does not tell apart from them; "
+                         "a run with the change measures it")
+
+
 @rule("GD301", "launch-bound-steps", category="small_batch")
 def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_us: float = 20.0,
                        max_wait_share: float = 0.1, max_idle_per_kernel_us: float = 200.0) -> Iterator[Finding]:
@@ -39,6 +45,10 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
     small_batch_bad predicts 37%, and its twin replaying forward and backward as CUDA graphs
     (small_batch_graphed) measured 49%. CUPTI slows every launch, so the profiled steps show this idle
     inflated (small_batch_bad: 3.0 ms steps outside the window, 2.2 times that profiled).
+    A step compiled or replayed as CUDA graphs already gets no saving, only the fix: the launch-bound idle then
+    holds the Python that runs around the compiled code (the eager optimizer, autograd), which no capture of
+    the launches removes, and no recorded pair measured it (elementwise_compiled_fixed, compiled: 97% of its
+    3.9 ms step idle, which "all of it" would have made a 38× promise).
     Compiling fuses fewer launches than CUDA graphs remove: where GD313 sizes what compiling saves a step of
     fusible kernels, that is the one claim both findings make (engine.runner.one_claim_per_fix), and this one
     counts nothing more.
@@ -79,12 +89,14 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         if growth.fill is not None:
             evidence["GPU filled by its kernels"] = (round(growth.fill * 100), "%")
         evidence[f"{SAMPLE_SAVING}, batch {growth.factor}× larger"] = (round(growth.sample_saving * 100), "%")
+    first = _compiles_first(run)
     yield Finding(
         f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
-        impact=impact, location=settings_location(run, loader) or (loader.location if loader else None)
+        impact=impact if first else None, impact_reason=None if first else UNSIZED_AFTER_COMPILE,
+        location=settings_location(run, loader) or (loader.location if loader else None)
         or run.sites.forward_location,
         evidence=evidence, fix=f"{_fewer_launches(run)}, or {_larger_batch(run, batch, growth, headroom)}",
-        remedy=Remedy(compile="inductor") if _compiles_first(run) else None,
+        remedy=Remedy(compile="inductor") if first else None,
     )
 
 

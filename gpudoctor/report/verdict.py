@@ -142,10 +142,38 @@ def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step]
         their = "its" if len(found) == 1 else "their"
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         return f"{count}; {their} cost{of_step} is not estimated: {found[0].title.rstrip('.')}{more}."
+    apart = _not_of_each_step(found, cwd)
     if total <= 0:
-        return f"{idle_text}; {count}."
+        return f"{idle_text}; {count}" + (f", not a cost of each step: {apart}." if apart else ".")
     after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
-    return f"{count}; fixing {'them' if len(found) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
+    sized = f"{count}; fixing {'them' if len(found) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
+    return f"{sized} Not in that figure: {apart}." if apart else sized
+
+
+# The problems the verdict names whose cost is not a saving of each step (a rare stall, the start-up).
+APART_SHOWN = 2
+OUTSIDE_THE_STEP = ("periodic_stall", "startup")
+
+
+def _not_of_each_step(found: list[FindingRecord], cwd: str | None) -> str:
+    """The problems whose cost lies outside the step's pace, by their titles, which give it (an evaluation every
+    100th step at 39% of the steps' time, a start-up at 60% of the job), at their lines: 'every 100th step
+    stalls 868 ms in an evaluation: 39% of the steps' time (train.py:312)'."""
+    apart = [f for f in found if f.impact is None and f.category in OUTSIDE_THE_STEP]
+    named = [_lowered(f.title.rstrip(".")) + _at(f, cwd) for f in apart[:APART_SHOWN]]
+    more = f"; and {len(apart) - APART_SHOWN} more" if len(apart) > APART_SHOWN else ""
+    return "; ".join(named) + more
+
+
+def _lowered(title: str) -> str:
+    """A title inside a sentence: its first letter lowered, unless it starts a name (GD101, CUDA, Adam)."""
+    first = title.split(" ", 1)[0]
+    return title if first[1:2].isupper() or not first[:1].isupper() else title[:1].lower() + title[1:]
+
+
+def _at(finding: FindingRecord, cwd: str | None) -> str:
+    where = finding.location
+    return f" ({shown_file(where.file, cwd)}:{where.line})" if where is not None else ""
 
 
 def saving_together(findings: list[FindingRecord]) -> float:

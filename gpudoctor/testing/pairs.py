@@ -22,38 +22,41 @@ class FixturePair:
     # The evidence (a step in ms) the twin's step is predicted by, instead of the rules' impact: a finding with two
     # fixes gives the step after the other as evidence (GD311's "step with bf16 autocast (est.)").
     what_if: str | None = None
+    # The twin applies the fix of every problem the bad run shows: the verdict's saving together (report.verdict.
+    # saving_together) is checked against it too, beside the pair's rules' own.
+    together: bool = False
 
 
 PAIRS = (
-    FixturePair(("GD101",), "data_starvation_bad", "data_starvation_fixed"),
-    FixturePair(("GD102",), "data_starvation_workers_bad", "data_starvation_workers_fixed"),
-    FixturePair(("GD102",), "classifier_few_workers_bad", "classifier_few_workers_fixed"),
+    FixturePair(("GD101",), "data_starvation_bad", "data_starvation_fixed", together=True),
+    FixturePair(("GD102",), "data_starvation_workers_bad", "data_starvation_workers_fixed", together=True),
+    FixturePair(("GD102",), "classifier_few_workers_bad", "classifier_few_workers_fixed", together=True),
     FixturePair(("GD101",), "tensor_dataset_bad", "tensor_dataset_fixed"),
-    FixturePair(("GD103",), "data_starvation_cpu_bound_bad", "data_starvation_cpu_bound_fixed"),
+    FixturePair(("GD103",), "data_starvation_cpu_bound_bad", "data_starvation_cpu_bound_fixed", together=True),
     FixturePair(("GD201",), "blocking_copy_bad", "blocking_copy_fixed"),
-    FixturePair(("GD201",), "loader_pageable_bad", "loader_pageable_fixed"),
-    FixturePair(("GD203",), "blocking_copy_d2h_bad", "blocking_copy_d2h_fixed"),
+    FixturePair(("GD201",), "loader_pageable_bad", "loader_pageable_fixed", together=True),
+    FixturePair(("GD203",), "blocking_copy_d2h_bad", "blocking_copy_d2h_fixed", together=True),
     FixturePair(("GD204",), "blocking_copy_fixed", "blocking_copy_prefetch"),
-    FixturePair(("GD201", "GD203"), "inference_pageable_bad", "inference_pageable_fixed"),
+    FixturePair(("GD201", "GD203"), "inference_pageable_bad", "inference_pageable_fixed", together=True),
     FixturePair(("GD211",), "sync_point_bad", "sync_point_fixed"),
     FixturePair(("GD211",), "lm_manual_sgd_bad", "lm_manual_sgd_fixed"),
     FixturePair(("GD211",), "gan_two_optimizers_bad", "gan_two_optimizers_fixed"),
-    FixturePair(("GD211",), "amp_scaler_bad", "amp_scaler_fixed"),
-    FixturePair(("GD301",), "small_batch_bad", "small_batch_graphed"),
-    FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_graphed"),
+    FixturePair(("GD211",), "amp_scaler_bad", "amp_scaler_fixed", together=True),
+    FixturePair(("GD301",), "small_batch_bad", "small_batch_graphed", together=True),
+    FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_graphed", together=True),
     FixturePair(("GD301",), "small_batch_bad", "small_batch_fixed", per_sample=True),
     FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_fixed", per_sample=True),
-    FixturePair(("GD501",), "gil_contention_bad", "gil_contention_fixed"),
-    FixturePair(("GD501",), "threadpool_inference_bad", "threadpool_inference_fixed"),
+    FixturePair(("GD501",), "gil_contention_bad", "gil_contention_fixed", together=True),
+    FixturePair(("GD501",), "threadpool_inference_bad", "threadpool_inference_fixed", together=True),
     FixturePair(("GD503",), "cpu_oversubscription_bad", "cpu_oversubscription_fixed"),
-    FixturePair(("GD504",), "cpu_contention_bad", "cpu_contention_fixed"),
-    FixturePair(("GD311",), "precision_fp32_bad", "precision_tf32_fixed"),
+    FixturePair(("GD504",), "cpu_contention_bad", "cpu_contention_fixed", together=True),
+    FixturePair(("GD311",), "precision_fp32_bad", "precision_tf32_fixed", together=True),
     FixturePair(("GD311",), "precision_fp32_bad", "precision_bf16_fixed", what_if="step with bf16 autocast (est.)"),
     FixturePair(("GD312",), "optimizer_foreach_bad", "optimizer_fused_fixed"),
-    FixturePair(("GD313",), "elementwise_eager_bad", "elementwise_compiled_fixed"),
-    FixturePair(("GD701",), "checkpoint_stall_bad", "checkpoint_stall_fixed"),
+    FixturePair(("GD313",), "elementwise_eager_bad", "elementwise_compiled_fixed", together=True),
+    FixturePair(("GD701",), "checkpoint_stall_bad", "checkpoint_stall_fixed", together=True),
     FixturePair(("GD314",), "recompiles_bad", "recompiles_fixed"),
     FixturePair(("GD402",), "allocator_retries_bad", "allocator_expandable_fixed"),
-    FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed"),
+    FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed", together=True),
 )
 # cudnn_benchmark_off and _on, the neutral knob, are no pair: no rule may advise it.
