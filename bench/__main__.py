@@ -24,6 +24,7 @@ BENCHMARKS = {
     "window_transient": "a GPU",
     "window_warmup": "a GPU",
     "gpu_busy_check": "a GPU",
+    "precision_rates": "a GPU",
     "long_run": "a CPU",
     "many_steps": "a CPU, a recorded bundle",
     "analyze": "a CPU; HolisticTraceAnalysis to compare with it",

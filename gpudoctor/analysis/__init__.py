@@ -32,6 +32,7 @@ from gpudoctor.analysis.settings import FlagValue, Setting, call_of, flag_value,
 from gpudoctor.analysis.stalls import Stall, Stalls
 from gpudoctor.analysis.startup import PHASE_NAMES, Startup
 from gpudoctor.analysis.step_view import StepView
+from gpudoctor.analysis.throughput import Throughput
 from gpudoctor.analysis.timebase import StepTime, paced_steps
 from gpudoctor.analysis.trace import GpuOp
 from gpudoctor.analysis.views import (
@@ -58,6 +59,7 @@ __all__ = [
     "HostView", "JobTime", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location", "NotEvaluated",
     "OptimizerInfo", "OutOfMemory", "Precision", "ProcessInfo", "Recompiles", "Run", "RunNameMoved", "Samples",
     "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime", "StepView", "SyncSite", "ThreadInfo",
+    "Throughput",
     "WindowInfo", "batch_setting", "call_of", "compile_setting", "cores_per_rank", "flag_value", "gpu_memory",
     "loader_limit_s", "loader_setting", "loader_workers", "loading_time", "optimizer_step_s", "out_of_memory",
     "paced_steps", "setting_at", "settings_location", "worker_cpu_per_batch_s",

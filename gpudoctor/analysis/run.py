@@ -21,6 +21,7 @@ from gpudoctor.analysis.host_view import HostView
 from gpudoctor.analysis.job_time import JobTime
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.steps import StepBuilder, gil_stats
+from gpudoctor.analysis.throughput import Throughput, throughput
 from gpudoctor.analysis.timebase import (
     ReferenceStep,
     StepTime,
@@ -40,7 +41,7 @@ from gpudoctor.analysis.views import (
     WindowInfo,
 )
 from gpudoctor.bundle.confined import bundle_file
-from gpudoctor.bundle.events import AnyEvent, StepEvent, StepLessGilEvent, StepSourceEvent, WindowEvent
+from gpudoctor.bundle.events import AnyEvent, FlopsEvent, StepEvent, StepLessGilEvent, StepSourceEvent, WindowEvent
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
 from gpudoctor.errors import TraceNotJsonError
@@ -272,6 +273,18 @@ class Run:
         return step_budget(self.steps, self.gpu_work.splits, self.steady_wait_share, pace.seconds,
                            outside_window=pace.basis == "unprofiled", sync_blocked_s=self.sync_blocked_s,
                            stall_share=self.job_time.stall_share)
+
+    @cached_property
+    def throughput(self) -> Throughput | None:
+        """The step's matrix work against the device's peak (analysis.throughput), at the run's pace; None where no
+        step's work was counted (a compiled model) or the run has no pace, and on a run without GPU activity."""
+        if self.gpu is None:
+            return None
+        device = self.host.env.cuda_device
+        precision = self.gpu_work.precision
+        name = (device.name if device is not None else None) or (precision.device if precision is not None else None)
+        counted = [e for e in self._whole.others if isinstance(e, FlopsEvent)]  # one step of the run, any window's
+        return throughput(counted, self.pace.seconds, name)
 
     @cached_property
     def memory_headroom(self) -> float | None:

@@ -16,6 +16,7 @@ from gpudoctor.bundle.step_events import (
     CompileEvent,
     CudaMemory,
     DynamoEvent,
+    FlopsEvent,
     HostLine,
     LoaderStartEvent,
     LossEvent,
@@ -334,15 +335,15 @@ AnyEvent: TypeAlias = (
     | EndEvent
     | StepLessGilEvent | RemedyEvent
     | OptimizerEvent | PauseEvent | StartupEvent | LoaderStartEvent | StartupLinesEvent | CompileEvent | DynamoEvent
-    | LossEvent | OomEvent
+    | LossEvent | OomEvent | FlopsEvent
 )
 EVENT_DECODER: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
 
 __all__ = [
     "EVENT_DECODER", "AnyEvent", "BackwardSiteEvent", "CollectorEvent", "CompileEvent", "CopyRow", "CudaDevice",
-    "CudaMemory", "DynamoEvent", "EndEvent", "EnvWindowEvent", "Event", "ForkEvent", "ForwardSiteEvent", "GilSummary",
-    "HostLine", "HostLinesEvent", "LoaderEvent", "LoaderStartEvent", "LossEvent", "MaxStepsEvent", "OomEvent",
-    "OptimizerEvent", "PauseEvent", "Phases", "ProcessEvent", "ProcessFacts", "ProcessStartEvent", "RankEvent",
-    "RemedyEvent", "StartupEvent", "StartupLinesEvent", "StepEvent", "StepLessGilEvent", "StepSourceEvent", "SyncRow",
-    "ThreadStartEvent", "TorchEvent", "TorchFacts", "WindowEvent", "WindowFacts",
+    "CudaMemory", "DynamoEvent", "EndEvent", "EnvWindowEvent", "Event", "FlopsEvent", "ForkEvent", "ForwardSiteEvent",
+    "GilSummary", "HostLine", "HostLinesEvent", "LoaderEvent", "LoaderStartEvent", "LossEvent", "MaxStepsEvent",
+    "OomEvent", "OptimizerEvent", "PauseEvent", "Phases", "ProcessEvent", "ProcessFacts", "ProcessStartEvent",
+    "RankEvent", "RemedyEvent", "StartupEvent", "StartupLinesEvent", "StepEvent", "StepLessGilEvent",
+    "StepSourceEvent", "SyncRow", "ThreadStartEvent", "TorchEvent", "TorchFacts", "WindowEvent", "WindowFacts",
 ]

@@ -132,3 +132,27 @@ class OomEvent(Record, Event, tag="cuda_oom", frozen=True):
     total: Count | None = None
     requested: str | None = None  # what the allocation asked for, as the error says it ("2.00 GiB")
     t: float | None = None
+
+
+class MatrixWork(Record, frozen=True):
+    """The floating-point operations of one kind of matrix work in a step (`kind`: gemm, conv or attention) whose
+    first input is of `dtype` ("float32", "bfloat16", "float16", "float8_e4m3fn", ...), as torch's own FLOP
+    formulas count them (torch.utils.flop_counter), and how many operators made them."""
+
+    kind: str
+    dtype: str
+    flops: Count = 0
+    calls: Count = 0
+
+
+class FlopsEvent(Record, Event, tag="flops", frozen=True):
+    """The matrix work of one step (`step`, a detail step's), counted operator by operator, with the settings that
+    choose the precision fp32 products run in (TF32 for matmuls and for cuDNN); or, `reason`, why it was not
+    counted (a compiled model, which a dispatch mode would make dynamo trace again)."""
+
+    step: Count | None = None
+    work: list[MatrixWork] = msgspec.field(default_factory=list)
+    tf32_matmul: bool | None = None
+    tf32_conv: bool | None = None
+    reason: str | None = None
+    t: float | None = None

@@ -16,8 +16,8 @@ __all__ = [
     "AfterTryFinding", "AfterTryJson", "BreakdownJson", "Card", "Charts", "ExceptionFacts", "FindingsDocument",
     "GpuBar", "HostSegment", "KernelBinRow", "KernelChart", "LegendItem", "Links", "NotMeasuredRow", "PanelJson",
     "PhaseRow", "RankTimeJson", "Report", "RunFacts", "SeriesRow", "SourceLine", "SourceSnippet", "SpanJson",
-    "Status", "StepBarRow", "StepChart", "StepRow", "Summary", "TimelineChart", "TopKernel", "WindowRow",
-    "WindowSettingsJson",
+    "Status", "StepBarRow", "StepChart", "StepRow", "Summary", "ThroughputJson", "TimelineChart", "TopKernel",
+    "WindowRow", "WindowSettingsJson",
 ]
 
 Status = Literal["no_steps", "problems", "unexplained", "partial", "healthy"]
@@ -108,6 +108,17 @@ class _RunFields(TypedDict):
     trace: str | None
     budget: BudgetJson | None  # where the analysed steps' time went, split once (analysis.budget)
     host_lines: list[HostLineJson]  # the user's lines the host spends its time on, the most sampled first
+    throughput: ThroughputJson | None  # one step's matrix work against the device's peak (analysis.throughput)
+
+
+class ThroughputJson(TypedDict):
+    flops: float  # one step's matrix products, convolutions and attention
+    by_precision: dict[str, float]  # FLOPs by the precision each ran in: fp32, tf32, bf16, fp8
+    tflops: float  # achieved, at the run's pace
+    device: str | None
+    peak_tflops: dict[str, float] | None  # the device's dense peaks by precision
+    utilization: float | None  # the share of the step that work would take at the peaks
+    reason: str | None  # why there is no utilization, or no count
 
 
 class BudgetSliceJson(TypedDict):

@@ -27,9 +27,11 @@ from gpudoctor._version import __version__
 from gpudoctor.analysis import Run
 from gpudoctor.analysis.shares import gpu_idle_share
 from gpudoctor.analysis.summary import PhaseTime, breakdown
+from gpudoctor.analysis.throughput import why_not_counted
 from gpudoctor.analysis.timeline import MAX_POINTS
 from gpudoctor.analysis.views import Location, StartedProcess, Step
 from gpudoctor.bundle import SCHEMA_VERSION
+from gpudoctor.bundle.events import FlopsEvent
 from gpudoctor.bundle.findings import LocationJson
 from gpudoctor.bundle.manifest import Target, WindowSettings
 from gpudoctor.engine import EngineResult
@@ -47,6 +49,7 @@ from gpudoctor.report.document import (
     RunFacts,
     StepRow,
     Summary,
+    ThroughputJson,
     WindowRow,
     WindowSettingsJson,
 )
@@ -202,7 +205,24 @@ def _run_facts(run: Run) -> RunFacts:
         "trace": run.trace_file.name if run.trace is not None and run.trace_file and not run.trace_only else None,
         "budget": None,  # build_report fills it in, with the findings that claim each slice
         "host_lines": host_lines_json(run.sites.host_lines),
+        "throughput": throughput_json(run),
     }
+
+
+def throughput_json(run: Run) -> ThroughputJson | None:
+    """The step's matrix throughput against the device's peak; where the work was not counted, why, with no
+    figures (a CPU run, or one without a step, has neither)."""
+    found = run.throughput
+    if found is None:
+        counted = [e for e in run.events(FlopsEvent) if e.reason]
+        if not counted or not run.pace.seconds or run.gpu is None:
+            return None
+        return {"flops": 0.0, "by_precision": {}, "tflops": 0.0, "device": None, "peak_tflops": None,
+                "utilization": None, "reason": why_not_counted(counted)}
+    return {"flops": found.flops, "by_precision": found.by_precision, "tflops": round(found.tflops, 3),
+            "device": found.device, "peak_tflops": found.peaks,
+            "utilization": round(found.utilization, 4) if found.utilization is not None else None,
+            "reason": found.reason}
 
 
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,

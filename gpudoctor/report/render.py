@@ -16,6 +16,7 @@ from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.report import svg
 from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
 from gpudoctor.report.templates import template_environment
+from gpudoctor.report.throughput import throughput_text
 from gpudoctor.report.tried import gained, tried_applied, tried_head, tried_text
 from gpudoctor.report.units import elapsed, percent, seconds, step_after
 
@@ -244,6 +245,9 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
         line = _budget_line(budget)
         shown = run.get("shown_rank")
         lines.append("  " + (line.replace("each step:", f"rank {shown}'s steps:", 1) if shown is not None else line))
+    matrix = throughput_text(run.get("throughput"))
+    if matrix:
+        lines.append(f"  {matrix}")
     windows = report.get("windows") or []
     if len(windows) > 1:
         charted = next((w["index"] for w in windows if w["charted"]), None)

@@ -58,5 +58,9 @@ PAIRS = (
     FixturePair(("GD314",), "recompiles_bad", "recompiles_fixed"),
     FixturePair(("GD402",), "allocator_retries_bad", "allocator_expandable_fixed"),
     FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed", together=True),
+    FixturePair(("GD312", "GD301"), "optimizer_foreach_bad", "optimizer_fused_compiled_fixed", together=True),
+    FixturePair(("GD701",), "eval_checkpoint_bad", "eval_checkpoint_fixed"),
+    FixturePair(("GD702",), "oversubscribed_workers_bad", "oversubscribed_workers_fixed"),
+    FixturePair(("GD311",), "precision_tf32_gpt_bad", "precision_tf32_gpt_bf16_fixed"),
 )
 # cudnn_benchmark_off and _on, the neutral knob, are no pair: no rule may advise it.
