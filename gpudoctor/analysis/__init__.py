@@ -28,7 +28,15 @@ from gpudoctor.analysis.loader_cpu import (
 from gpudoctor.analysis.optimizers import OptimizerInfo, optimizer_step_s
 from gpudoctor.analysis.precision import Precision
 from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
-from gpudoctor.analysis.settings import FlagValue, Setting, call_of, flag_value, setting_at
+from gpudoctor.analysis.settings import (
+    FlagValue,
+    PrecisionOption,
+    Setting,
+    call_of,
+    flag_value,
+    precision_option,
+    setting_at,
+)
 from gpudoctor.analysis.stalls import Stall, Stalls
 from gpudoctor.analysis.startup import PHASE_NAMES, Startup
 from gpudoctor.analysis.step_view import StepView
@@ -57,10 +65,10 @@ __all__ = [
     "MOVED", "PHASE_NAMES", "BatchGrowth", "Budget", "CallSites", "Compiles", "CopySite", "DataWait", "Env", "Exit",
     "FlagValue", "ForkInfo", "Fusion", "GilStats", "GpuMemory", "GpuOp", "GpuView", "GpuWork", "GraphBreak",
     "HostView", "JobTime", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location", "NotEvaluated",
-    "OptimizerInfo", "OutOfMemory", "Precision", "ProcessInfo", "Recompiles", "Run", "RunNameMoved", "Samples",
-    "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime", "StepView", "SyncSite", "ThreadInfo",
-    "Throughput",
-    "WindowInfo", "batch_setting", "call_of", "compile_setting", "cores_per_rank", "flag_value", "gpu_memory",
-    "loader_limit_s", "loader_setting", "loader_workers", "loading_time", "optimizer_step_s", "out_of_memory",
-    "paced_steps", "setting_at", "settings_location", "worker_cpu_per_batch_s",
+    "OptimizerInfo", "OutOfMemory", "Precision", "PrecisionOption", "ProcessInfo", "Recompiles", "Run",
+    "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime", "StepView",
+    "SyncSite", "ThreadInfo", "Throughput", "WindowInfo", "batch_setting", "call_of", "compile_setting",
+    "cores_per_rank", "flag_value", "gpu_memory", "loader_limit_s", "loader_setting", "loader_workers",
+    "loading_time", "optimizer_step_s", "out_of_memory", "paced_steps", "precision_option", "setting_at",
+    "settings_location", "worker_cpu_per_batch_s",
 ]

@@ -346,3 +346,62 @@ def _calls(node: ast.AST, function: str) -> list[tuple[str, ast.Call]]:
             found.append((function, child))
         found += _calls(child, inside)
     return sorted(found, key=lambda pair: (pair[1].lineno, pair[1].col_offset))
+
+
+# The script's own precision setting, by the words its option or variable is named with, and the values that ask
+# for bf16 among the ones it offers.
+PRECISION_WORDS = ("dtype", "precision", "amp", "bf16", "mixed")
+BF16_VALUES = ("bfloat16", "bf16", "bf16-mixed", "bf16_mixed", "amp_bf16")
+
+
+@dataclass(frozen=True)
+class PrecisionOption:
+    """The script's own way to ask for bf16: an argparse option (`--dtype bfloat16`, or a switch `--bf16`) or a
+    module-level setting (nanoGPT's `dtype = 'float32'`, which its configurator overrides), where it is."""
+
+    spelling: str  # what to type, or to write: "--dtype bfloat16", "--bf16", "dtype = 'bfloat16'"
+    location: Location
+
+
+def precision_option(file: str) -> PrecisionOption | None:
+    """The script's own option or setting for bf16, in the file at `file`: an add_argument whose option is named
+    for the precision and offers bf16 among its choices (or is a switch named for it), else a module-level string
+    variable so named that holds a dtype; None where the script has neither."""
+    tree = _parsed(file)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            found = _bf16_argument(node)
+            if found is not None:
+                return PrecisionOption(found, Location(file, node.lineno, ""))
+    for statement in tree.body:
+        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.Constant)
+                and isinstance(statement.value.value, str) and _named_for_precision(statement.targets[0].id)
+                and statement.value.value in ("float32", "float16", "bfloat16", "fp32", "fp16", "bf16")):
+            name = statement.targets[0].id
+            return PrecisionOption(f"{name} = 'bfloat16'", Location(file, statement.lineno, "<module>"))
+    return None
+
+
+def _named_for_precision(name: str) -> bool:
+    return any(word in name.lower() for word in PRECISION_WORDS)
+
+
+def _bf16_argument(node: ast.Call) -> str | None:
+    """'--dtype bfloat16' for an option so named that offers bf16 among its choices; '--bf16' for a switch."""
+    options = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    longest = max(options, key=len, default="")
+    if not longest.startswith("-") or not _named_for_precision(longest):
+        return None
+    keywords = {k.arg: k.value for k in node.keywords}
+    action = keywords.get("action")
+    if isinstance(action, ast.Constant) and action.value == "store_true":
+        return longest if "bf16" in longest or "bfloat16" in longest else None
+    choices = keywords.get("choices")
+    if isinstance(choices, (ast.List, ast.Tuple, ast.Set)):
+        offered = [c.value for c in choices.elts if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        wanted = next((value for value in offered if value.lower() in BF16_VALUES), None)
+        return f"{longest} {wanted}" if wanted else None
+    return None

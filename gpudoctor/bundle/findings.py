@@ -86,7 +86,8 @@ class TriedJson(_TriedFields, total=False):
 
 class FindingJson(_FindingFields, total=False):
     ranks: list[int]  # only in a torchrun job's merged findings, for a finding seen on some of its ranks
-    counted_in: str  # only on a rank's finding whose saving a job's finding counts (a straggler's)
+    counted_in: str  # only on a finding whose saving another counts: a job's straggler counts its slow rank's, a
+    # larger fix's finding counts one whose fix it holds (bf16 autocast with TF32 counts TF32's)
     windows: list[FindingWindowJson]  # only for a run profiled in several windows
     remedy: dict[str, object]  # only for a finding whose fix gpudoctor can apply at run time (gpudoctor.remedy)
     tried: TriedJson  # only in a run whose fixes were tried (--try-fixes, gpudoctor try)
@@ -239,7 +240,7 @@ class FindingRecord(_JsonRecord, kw_only=True, frozen=True):
     count: Annotated[int, msgspec.Meta(ge=1)] = 1
     doc: str = ""
     ranks: list[Annotated[int, msgspec.Meta(ge=0)]] | None = None
-    counted_in: str | None = None  # the code of the job's finding that counts this one's saving
+    counted_in: str | None = None  # the code of the finding that counts this one's saving
     windows: list[FindingWindow] | None = None
     remedy: Remedy | None = None
     tried: Tried | None = None

@@ -92,8 +92,19 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     # larger finding of a lower severity; and again after, where a share cut down becomes negligible.
     merged = _negligible_as_info(_merge(found.findings))
     idle = run.budget is not None
-    findings = one_claim_per_fix(within_slices(one_claim_per_share(merged, claims), claim_budget(run), idle=idle), idle)
+    claimed = one_claim_per_fix(one_claim_per_share(merged, claims), idle)
+    findings = with_counted(within_slices([f for f in claimed if f.counted_in is None], claim_budget(run), idle=idle),
+                            claimed)
     return EngineResult(rank(sized(findings, run.pace.seconds)), found.not_evaluated, found.errors)
+
+
+def with_counted(shared: list[FindingRecord], claimed: list[FindingRecord]) -> list[FindingRecord]:
+    """The findings whose savings were shared out of the budget, and in their places those that a larger fix's
+    finding counts (one_claim_per_fix), each keeping the what-if of its own fix."""
+    out, rest = [], iter(shared)
+    for record in claimed:
+        out.append(record if record.counted_in is not None else next(rest))
+    return out
 
 
 def evaluate_rules(subject: Run | Any, rules: Iterable[Rule], options: RuleOptions, limits: RuleLimits) -> EngineResult:
@@ -193,30 +204,44 @@ def within_slices(records: list[FindingRecord], budget: Budget | None, idle: boo
 
 
 def one_claim_per_fix(records: list[FindingRecord], idle: bool = True) -> list[FindingRecord]:
-    """Findings whose fixes are one change (the same remedy, or one holding the other: gpudoctor.remedy.Remedy.
-    contains) and whose savings are made of the same slices of the budget are one claim: two estimates of what that
-    change saves, not two savings. The first in `_pool_order` (the one that names the cause within the other's
-    share: GD313's compiled kernels before GD301's launches) keeps its impact; the others keep their place and
-    evidence, with no impact and a reason naming it. elementwise_eager_bad: GD313 predicted 80% and GD301 the 12%
-    left of the host's idle, both by compiling the model; compiled, its twin measured 80%. One fix whose parts
-    save different slices (a loader's persistent workers: the wait for data, and the workers' start at each epoch)
-    stays the sum of its parts."""
+    """Findings whose fixes are one change, or of which one holds the other (gpudoctor.remedy.Remedy.contains), and
+    whose savings are made of the same slices of the budget, are one claim.
+
+    Two findings of the same remedy are two estimates of what one change saves, not two savings: the first in
+    `_pool_order` (the one that names the cause within the other's share: GD313's compiled kernels before GD301's
+    launches) keeps its impact; the others keep their place and evidence, with no impact and a reason naming it.
+    elementwise_eager_bad: GD313 predicted 80% and GD301 the 12% left of the host's idle, both by compiling the
+    model; compiled, its twin measured 80%.
+
+    A finding whose fix another's holds (a rung of the precision ladder below the next: TF32 under bf16 autocast with
+    TF32) keeps its own what-if, a saving of its own fix, and is counted in the larger fix's (`counted_in`), which
+    what the fixes save together takes once (report.verdict.saving_together). One fix whose parts save different
+    slices (a loader's persistent workers: the wait for data, and the workers' start at each epoch) stays the sum
+    of its parts."""
     holders: list[FindingRecord] = []
     replaced: dict[int, FindingRecord] = {}
     for index, record in sorted(enumerate(records), key=lambda item: _pool_order(item[1])):
-        if record.impact is None or record.remedy is None:
+        if record.impact is None or record.remedy is None or record.counted_in is not None:
             continue
-        holder = next((h for h in holders if _one_claim(h, record, idle)), None)
-        if holder is None:
-            holders.append(record)
+        same = next((h for h in holders if _one_claim(h, record, idle) and h.remedy == record.remedy), None)
+        if same is not None:
+            replaced[index] = msgspec.structs.replace(record, impact=None, saving_s=None,
+                                                      impact_reason=f"counted in {same.code}'s finding: the same fix")
             continue
-        replaced[index] = msgspec.structs.replace(record, impact=None, saving_s=None,
-                                                  impact_reason=f"counted in {holder.code}'s finding: the same fix")
+        holders.append(record)
+    for index, record in enumerate(records):
+        if index in replaced or record not in holders:
+            continue
+        larger = next((h for h in holders if h is not record and _one_claim(h, record, idle)
+                       and h.remedy is not None and record.remedy is not None and h.remedy.contains(record.remedy)),
+                      None)
+        if larger is not None:
+            replaced[index] = msgspec.structs.replace(record, counted_in=larger.code)
     return [replaced.get(index, record) for index, record in enumerate(records)]
 
 
 def _one_claim(holder: FindingRecord, record: FindingRecord, idle: bool) -> bool:
-    """Whether two findings' fixes are one change that saves the same slices."""
+    """Whether two findings' fixes are one change, or one holds the other, and they save the same slices."""
     assert holder.remedy is not None and record.remedy is not None
     if not (holder.remedy.contains(record.remedy) or record.remedy.contains(holder.remedy)):
         return False

@@ -209,7 +209,8 @@ def cost_text(step_s: float | None, finding: FindingJson) -> str:
     if not finding.get("impact"):
         return ""
     after = step_after(step_s, finding.get("saving_s"))
-    return f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'})"
+    held = f"; {finding['counted_in']}'s fix holds it" if finding.get("counted_in") else ""
+    return f" (fix saves ~{finding['impact']:.0%}{': ' + after if after else ' of the step'}{held})"
 
 
 def tried_lines(step_s: float | None, finding: FindingJson) -> list[str]:

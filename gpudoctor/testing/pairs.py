@@ -61,6 +61,7 @@ PAIRS = (
     FixturePair(("GD312", "GD301"), "optimizer_foreach_bad", "optimizer_fused_compiled_fixed", together=True),
     FixturePair(("GD701",), "eval_checkpoint_bad", "eval_checkpoint_fixed"),
     FixturePair(("GD702",), "oversubscribed_workers_bad", "oversubscribed_workers_fixed"),
-    FixturePair(("GD311",), "precision_tf32_gpt_bad", "precision_tf32_gpt_bf16_fixed"),
+    FixturePair(("GD315",), "precision_tf32_gpt_bad", "precision_tf32_gpt_bf16_fixed", together=True),
+    FixturePair(("GD315",), "precision_tf32_fixed", "precision_bf16_fixed", together=True),
 )
 # cudnn_benchmark_off and _on, the neutral knob, are no pair: no rule may advise it.

@@ -90,3 +90,64 @@ def test_silent_when_the_gemms_run_in_tf32(tmp_path) -> None:
 
 def test_the_threshold_is_an_option(tmp_path) -> None:
     assert_silent("GD311", gemm_run(tmp_path, "ampere_sgemm_128x64_tn"), options={"min_impact": 0.7})
+
+
+# -- GD315 matmuls-not-in-bf16: the rung after TF32 ---------------------------------------------------------
+TF32_GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize128x256x32_warpgroupsize2x1x1_execute"
+FP32_ATTENTION = "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel"
+
+
+def test_gd315_sizes_the_bf16_rung_of_tf32_products(tmp_path) -> None:
+    [finding] = assert_fires("GD315", gemm_run(tmp_path, TF32_GEMM), location="train.py:50")
+    # 90% of the step in TF32 GEMMs, 2.67x faster in bf16: 56% of the step, less the 10% the GPU idles
+    assert finding["impact"] == pytest.approx(0.9 * (1 - 1 / 2.67) - 0.1, abs=0.01)
+    assert finding["remedy"] == {"matmul_precision": "high", "autocast": "bfloat16"}
+    assert "torch.autocast" in finding["fix"] and "--try-fixes=all" in finding["fix"]
+
+
+def test_gd315_counts_fp32_attention_at_its_measured_rate(tmp_path) -> None:
+    [finding] = assert_fires("GD315", gemm_run(tmp_path, FP32_ATTENTION))
+    assert finding["impact"] == pytest.approx(0.9 * (1 - 1 / 5.9) - 0.1, abs=0.01)
+    assert "fp32 attention" in finding["title"]
+
+
+@pytest.mark.parametrize("kernel", ["nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "ampere_sgemm_128x64_tn"])
+def test_gd315_is_silent_in_bf16_and_where_tf32s_rung_is_still_open(tmp_path, kernel: str) -> None:
+    """bf16 products have no rung left; fp32 ones on CUDA cores are GD311's, whose fix gives the bf16 step too."""
+    assert_silent("GD315", gemm_run(tmp_path, kernel))
+
+
+def test_gd315_on_recorded_runs() -> None:
+    [gpt] = assert_fires("GD315", fixture("precision_tf32_gpt_bad"))
+    assert gpt["impact"] == pytest.approx(0.56, abs=0.05)  # its bf16 twin measured 56% (46.0 → 20.1 ms)
+    for name in ("precision_tf32_gpt_bf16_fixed", "conv_bf16_healthy", "healthy_transformer"):
+        assert_silent("GD315", fixture(name))
+
+
+def test_the_fix_names_the_scripts_own_precision_option(tmp_path) -> None:
+    from gpudoctor.analysis import precision_option
+
+    def option_in(name: str, source: str) -> object:
+        path = tmp_path / name  # a file of its own each: the parse of a file is kept
+        path.write_text(source)
+        return precision_option(str(path))
+
+    found = option_in("choices.py", 'import argparse\np = argparse.ArgumentParser()\n'
+                      'p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])\n')
+    assert found is not None and found.spelling == "--dtype bfloat16" and found.location.line == 3
+    assert option_in("switch.py", 'p.add_argument("--bf16", action="store_true")\n').spelling == "--bf16"
+    found = option_in("config.py", "batch_size = 12\ndtype = 'float32'  # the configurator overrides it\n")
+    assert found is not None and found.spelling == "dtype = 'bfloat16'" and found.location.line == 2
+    assert option_in("none.py", 'p.add_argument("--lr", type=float)\n') is None
+    script = tmp_path / "train.py"
+
+    b = BundleBuilder(tmp_path / "run")
+    b.steps(6, wall_s=0.01, gpu_busy_s=0.009, kernels=4, kernel_name=TF32_GEMM)
+    b.forward_site(site=(str(script.with_name("own.py")), 9, "main"))
+    script.with_name("own.py").write_text('import argparse\np = argparse.ArgumentParser()\n'
+                                          'p.add_argument("--precision", choices=["fp32", "bf16"])\n')
+    run = b.build()
+    if run.trace is not None:
+        run.trace.device_properties = [{"id": 0, "name": "GPU", "computeMajor": 9, "computeMinor": 0}]
+    [finding] = assert_fires("GD315", run)
+    assert finding["fix"].startswith("the script's own setting: `--precision bf16` (at own.py:3)")

@@ -36,7 +36,8 @@ from gpudoctor.testing.pairs import PAIRS, FixturePair
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "fixtures" / "scripts"
 SNAPSHOT = Path(__file__).parents[1] / "snapshots" / "fixture_findings.json"
-HEALTHY = ["healthy_vision", "healthy_transformer", "healthy_inference", "healthy_trainer", "conv_bf16_healthy"]
+# healthy_trainer is busy, and its TF32 products leave a rung (GD315): healthy means efficient too.
+HEALTHY = ["healthy_vision", "healthy_transformer", "healthy_inference", "conv_bf16_healthy"]
 FIXED = [name for name in available_fixtures() if name.endswith(("_fixed", "_graphed"))] + ["blocking_copy_prefetch"]
 # Rules proven on bundles built in code (tests/builtin_rules/test_rules_synthetic.py) as well as, or instead of, a
 # recording: a host that swaps cannot be made on the recording machine without harming it.
