@@ -57,6 +57,11 @@ def predicted_gain(pair: FixturePair, rules: dict[str, Any]) -> tuple[float, str
         savings = [(item.value / 100, item.name) for f in findings for item in f.evidence
                    if item.name.startswith(SAMPLE_SAVING)]
         return savings[0] if savings else (0.0, "no saving per sample")
+    if pair.share_of is not None:  # a cost of the job's time, not of each step, given as evidence
+        shares = [item.value for f in findings for item in f.evidence if item.name == pair.share_of]
+        if not shares or not isinstance(shares[0], int | float):
+            return 0.0, f"no {pair.share_of}"
+        return shares[0] / 100, pair.share_of
     if pair.what_if is not None:  # the step after another fix, given as evidence, against the run's step
         steps = [item.value for f in findings for item in f.evidence if item.name == pair.what_if]
         step_s = load_fixture(pair.bad).pace.seconds

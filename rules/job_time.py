@@ -56,30 +56,57 @@ def periodic_stall(run: Run, min_share: float = 0.05, min_stalls: int = 2) -> It
         raise NotEvaluated("too few steps after start-up to tell a stall from a step")
     paced = {s.index for s in paced_steps(run.step_view)}
     for stall in found.stalls:
-        share = found.share(stall)
+        in_pace = bool(paced & set(stall.steps))
+        # A rare stall the pace leaves out is no saving of each step: it costs its share of the job's time.
+        share = found.share(stall) if in_pace else found.job_share(stall)
         if stall.cause == "unknown" and (stall.every is None or len(stall.steps) < UNKNOWN_STALLS):
             continue  # slow steps now and then with nothing seen in them: no cause to name, no period to show
         if len(stall.steps) >= min_stalls and share >= min_share:
-            yield _stall_finding(stall, found, share, in_pace=bool(paced & set(stall.steps)))
+            yield _stall_finding(stall, found, share, in_pace)
 
 
 def _stall_finding(stall: Stall, found: Stalls, share: float, in_pace: bool) -> Finding:
     count, excess_ms = len(stall.steps), stall.excess_s / len(stall.steps) * 1e3
     cause_ms = stall.cause_s / count * 1e3
     when = f"Every {_ordinal(stall.every)} step" if stall.every else f"{count} of {found.steps} steps"
-    cause = CAUSE_NAMES[stall.cause]
+    of = "the steps' time" if in_pace else "the job's time"
+    tail = found.tail_s(stall)
+    evidence: dict[str, object] = {
+        "stalled steps": count, "every": stall.every, "usual step": (round(found.usual_s * 1e3, 2), "ms"),
+        "excess per stall": (round(excess_ms, 1), "ms"),
+        f"time in {CAUSE_NAMES[stall.cause]} per stall": (round(cause_ms, 1), "ms") if stall.cause_s else None}
+    for part in stall.parts if len(stall.parts) > 1 else ():
+        at = f" at {part.location.file.rsplit('/', 1)[-1]}:{part.location.line}" if part.location else ""
+        evidence[f"{CAUSE_NAMES[part.cause]}{at}, per stall"] = (round(part.seconds / count * 1e3, 1), "ms")
+    if tail:
+        evidence["once more after the last step"] = (round(tail * 1e3, 1), "ms")
+    evidence["first stalled steps"] = ", ".join(map(str, stall.steps[:6]))
+    if not in_pace:
+        evidence["share of the job's time"] = (round(share * 100, 1), "%")
     return Finding(
-        f"{when} stalls {excess_ms:.0f} ms in {cause}: {share:.0%} of the steps' time",
+        f"{when} stalls {excess_ms:.0f} ms{_what_ran(stall)}: {share:.0%} of {of}",
         impact=share if in_pace else None,
         impact_reason=None if in_pace else "the stalls are rarer than one step in fifty, and the step at the run's "
-        f"pace leaves them out: they cost {share:.0%} of the steps' time, not of each step",
+        f"pace leaves them out: they cost {share:.0%} of the job's time, not of each step",
         location=stall.location, severity="critical" if share >= 0.3 else None, count=count,
-        evidence={"stalled steps": count, "every": stall.every, "usual step": (round(found.usual_s * 1e3, 2), "ms"),
-                  "excess per stall": (round(excess_ms, 1), "ms"),
-                  f"time in {cause} per stall": (round(cause_ms, 1), "ms") if stall.cause_s else None,
-                  "first stalled steps": ", ".join(map(str, stall.steps[:6]))},
-        fix=STALL_FIXES[stall.cause],
+        evidence=evidence, fix=_stall_fix(stall),
     )
+
+
+def _what_ran(stall: Stall) -> str:
+    """'in torch.save'; ': an evaluation 500 ms, then torch.save 300 ms' (each per stall) where more than one thing
+    ran in the stalls."""
+    parts = [part for part in stall.parts if part.seconds > 0]
+    if len(parts) < 2:
+        return f" in {CAUSE_NAMES[stall.cause]}"
+    count = len(stall.steps)
+    return ": " + ", then ".join(f"{CAUSE_NAMES[part.cause]} {part.seconds / count * 1e3:.0f} ms" for part in parts)
+
+
+def _stall_fix(stall: Stall) -> str:
+    """The fix of what ran in the stall, each part's where there are several."""
+    causes = list(dict.fromkeys(part.cause for part in stall.parts if part.seconds > 0)) or [stall.cause]
+    return "; ".join(STALL_FIXES[cause] for cause in causes)
 
 
 @rule("GD702", "slow-startup", category="startup")

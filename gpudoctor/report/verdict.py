@@ -146,8 +146,17 @@ def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step]
     if total <= 0:
         return f"{idle_text}; {count}" + (f", not a cost of each step: {apart}." if apart else ".")
     after = f", down to ~{seconds(step_s * (1 - total))}" if step_s else ""
-    sized = f"{count}; fixing {'them' if len(found) > 1 else 'it'} saves ~{total:.0%}{of_step}{after}."
+    sized = f"{count}; fixing {_which(found)} saves ~{total:.0%}{of_step}{after}."
     return f"{sized} Not in that figure: {apart}." if apart else sized
+
+
+def _which(found: list[FindingRecord]) -> str:
+    """'it', 'them', or where some problems' cost is not of each step, 'the one sized per step' or 'the 2 sized per
+    step': the problems the saving is of."""
+    sized = [f for f in found if f.impact]
+    if len(sized) == len(found):
+        return "them" if len(found) > 1 else "it"
+    return "the one sized per step" if len(sized) == 1 else f"the {len(sized)} sized per step"
 
 
 # The problems the verdict names whose cost is not a saving of each step (a rare stall, the start-up).

@@ -25,6 +25,9 @@ class FixturePair:
     # The twin applies the fix of every problem the bad run shows: the verdict's saving together (report.verdict.
     # saving_together) is checked against it too, beside the pair's rules' own.
     together: bool = False
+    # The evidence (a share in %) the twin's saving is predicted by, where the finding's cost is not a saving of
+    # each step: a stall rarer than the step's pace counts, given as its share of the job's time (GD701).
+    share_of: str | None = None
 
 
 PAIRS = (
@@ -59,7 +62,7 @@ PAIRS = (
     FixturePair(("GD402",), "allocator_retries_bad", "allocator_expandable_fixed"),
     FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed", together=True),
     FixturePair(("GD312", "GD301"), "optimizer_foreach_bad", "optimizer_fused_compiled_fixed", together=True),
-    FixturePair(("GD701",), "eval_checkpoint_bad", "eval_checkpoint_fixed"),
+    FixturePair(("GD701",), "eval_checkpoint_bad", "eval_checkpoint_fixed", share_of="share of the job's time"),
     FixturePair(("GD702",), "oversubscribed_workers_bad", "oversubscribed_workers_fixed"),
     FixturePair(("GD315",), "precision_tf32_gpt_bad", "precision_tf32_gpt_bf16_fixed", together=True),
     FixturePair(("GD315",), "precision_tf32_fixed", "precision_bf16_fixed", together=True),

@@ -384,3 +384,32 @@ def test_stalls_the_pace_leaves_out_are_no_saving_of_each_step(tmp_path) -> None
     [finding] = assert_fires("GD701", run, location="train.py:60")
     assert finding["impact"] is None and "rarer than one step in fifty" in finding["impact_reason"]
     assert run.job_time.stall_share == 0.0
+
+
+def test_an_evaluation_then_a_save_is_one_stall_told_apart_and_its_last_one_after_the_loop_counts(tmp_path) -> None:
+    """Every 100th step evaluates (untimed) and then saves (timed), the third time after the last step, as
+    eval_checkpoint_bad does: one stall of two parts, sized as its share of the job's time, the third one in it."""
+    evaluate = Site(file="train.py", line=29, function="evaluate")
+    save = Site(file="train.py", line=43, function="step")
+    b = BundleBuilder(tmp_path, window=(2, 1, 2))
+    for i in range(300):
+        stalls = i in (100, 200)
+        b.step(wall_s=0.81 if stalls else 0.01, gpu_busy_s=0.008)
+        if stalls:
+            b.event(PauseEvent(cause="eval", step=i, seconds=0.0, site=evaluate),
+                    PauseEvent(cause="save", step=i, seconds=0.3, site=save))
+    b.event(PauseEvent(cause="eval", step=300, seconds=0.0, site=evaluate),
+            PauseEvent(cause="save", step=300, seconds=0.3, site=save))
+    run = b.build()
+    [finding] = assert_fires("GD701", run, location="train.py:29")
+    assert finding["title"].startswith("Every 100th step stalls 800 ms: an evaluation 500 ms, then torch.save "
+                                       "300 ms: ")
+    evidence = {row["name"]: row["value"] for row in finding["evidence"]}
+    assert evidence["an evaluation at train.py:29, per stall"] == pytest.approx(500, abs=1)
+    assert evidence["torch.save at train.py:43, per stall"] == pytest.approx(300, abs=1)
+    assert evidence["once more after the last step"] == pytest.approx(800, abs=1)
+    steady = [s for s in run.step_view.steady_steps if s.window not in ("warmup", "active") and s.index > 6]
+    wall = sum(s.wall_s for s in steady)
+    assert evidence["share of the job's time"] == pytest.approx(100 * 3 * 0.8 / (wall + 0.8), abs=1.5)
+    assert finding["impact"] is None and "of the job's time, not of each step" in finding["impact_reason"]
+    assert "evaluate less often" in finding["fix"] and "async_save" in finding["fix"]

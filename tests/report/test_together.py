@@ -122,7 +122,8 @@ def test_a_cost_outside_the_steps_pace_stands_in_the_verdict_with_its_size(tmp_p
                      "Every 100th step stalls 868 ms in an evaluation: 39% of the steps' time", None)
     sync = _problem("GD211", "sync_point", "A sync in each step", 0.2)
     both = verdict(0.11, [sync, stall], steps, "problems", step_s=0.0142, cwd="/w")
-    assert both == ("2 problems; fixing them saves ~20% of each 14.2 ms step, down to ~11.4 ms. Not in that figure: "
+    assert both == ("2 problems; fixing the one sized per step saves ~20% of each 14.2 ms step, down to ~11.4 ms. "
+                    "Not in that figure: "
                     "every 100th step stalls 868 ms in an evaluation: 39% of the steps' time (train.py:312).")
     alone = verdict(0.11, [stall], steps, "problems", step_s=0.0142, cwd="/w")
     assert alone == ("GPU idle 11% of each 14.2 ms step; 1 problem, not a cost of each step: every 100th step stalls "
