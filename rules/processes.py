@@ -38,7 +38,9 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     threads = run.host.user_threads
     switch = run.host.env.switch_interval_s or DEFAULT_SWITCH_INTERVAL_S
     delay = statistics.fmean(g.mean_s for g in gil)
-    python_ids = run.host.python_thread_ids  # intra-op and CUDA threads run without the GIL: only Python's count
+    # intra-op and CUDA threads run without the GIL, and torch's own (a pin-memory thread) beside the work: only the
+    # script's Python threads count
+    python_ids = run.host.work_thread_ids
     busy = main.sharing_among(python_ids) if python_ids is not None else main.busy_threads
     if busy < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
         return

@@ -116,10 +116,21 @@ class HostView:
             return None
         return {main} | {t.native_id for t in self.threads if t.native_id is not None}
 
+    @property
+    def work_thread_ids(self) -> set[int] | None:
+        """OS ids of the Python threads that run the script's own work: the main one and those the script started,
+        not the threads torch, multiprocessing or gpudoctor start for themselves (the DataLoader's pin-memory
+        thread, whose copies run beside the step, its queues' feeders); None if not recorded."""
+        main = self.process_facts.main_native_id
+        if main is None:
+            return None
+        return {main} | {t.native_id for t in self.user_threads if t.native_id is not None}
+
     @cached_property
     def python_threads_sharing(self) -> int | None:
-        """Python threads taking turns on the main process's work (analysis.threads); None when not recorded."""
-        return python_threads_sharing(self.processes, self.python_thread_ids)
+        """The script's own Python threads taking turns on the main process's work (analysis.threads): a pinned
+        loader's pin-memory thread is not one; None when not recorded."""
+        return python_threads_sharing(self.processes, self.work_thread_ids)
 
     # -- samples ---------------------------------------------------------------------------------
     @cached_property

@@ -326,3 +326,27 @@ def test_a_few_long_waits_are_not_averaged_away(tmp_path) -> None:
         b.step(wall_s=0.1, data_wait_s=0.08 if index % 10 == 0 else 0.0, gpu_busy_s=0.09)
     findings = assert_fires("GD101", b.build(), count=1)  # 3 of 30 steps: 8% on average, under 15%
     assert {"name": "steps waiting over half their time", "value": "3 of 30", "unit": None} in findings[0]["evidence"]
+
+
+def test_a_pinned_loaders_pin_memory_thread_is_no_python_thread_sharing_the_work(tmp_path) -> None:
+    """DataLoader(pin_memory=True) runs torch's pin-memory thread in the training process, here as busy as the main
+    thread: the copy and sync rules still run (they once said "several Python threads share the work"), while a
+    thread the script started itself is one."""
+    from gpudoctor.engine import builtin_rules, run_rules
+
+    def run_with(module: str, path):
+        b = BundleBuilder(path)
+        b.loader(num_workers=4, pin_memory=True)
+        b.steps(12, wall_s=0.02, gpu_busy_s=0.01)
+        b.sync("item", host_s=0.004)
+        pid = b.process(1.0, thread_cores=(0.5, 0.5))
+        b.thread("Thread-2 (_pin_memory_loop)", "_pin_memory_loop", module=module, daemon=True, native_id=pid * 100 + 1)
+        return b.build()
+
+    pinned = run_with("torch.utils.data._utils.pin_memory", tmp_path / "pinned")
+    assert pinned.host.python_threads_sharing == 1
+    result = run_rules(pinned, builtin_rules())
+    assert "GD211" not in {row.code for row in result.not_evaluated}
+    own = run_with("__main__", tmp_path / "own")
+    assert own.host.python_threads_sharing == 2
+    assert "GD211" in {row.code for row in run_rules(own, builtin_rules()).not_evaluated}
