@@ -45,6 +45,9 @@ def periodic_stall(run: Run, min_share: float = 0.05, min_stalls: int = 2) -> It
     Fix: save (or evaluate) less often, or in the background: `torch.distributed.checkpoint.async_save`, or
     Lightning's `AsyncCheckpointIO`; for garbage collection, `gc.freeze()` after set-up.
 
+    Where Python threads take turns on the GIL, a step of no known cause that runs long has waited for it: that
+    is GD501's time, and no stall is told of.
+
     Impact: the stalled steps' excess over the usual step, as a share of the steps' time after start-up: the
     budget's `stall` slice. Stalls rarer than one step in fifty and over 20 times the usual step are left out of
     the run's pace (analysis.timebase), and then out of the impact: the finding gives their share of the steps'
@@ -55,12 +58,15 @@ def periodic_stall(run: Run, min_share: float = 0.05, min_stalls: int = 2) -> It
     if found is None:
         raise NotEvaluated("too few steps after start-up to tell a stall from a step")
     paced = {s.index for s in paced_steps(run.step_view)}
+    threads = (run.host.python_threads_sharing or len([t for t in run.host.user_threads if not t.daemon])) > 1
     for stall in found.stalls:
         in_pace = bool(paced & set(stall.steps))
         # A rare stall the pace leaves out is no saving of each step: it costs its share of the job's time.
         share = found.share(stall) if in_pace else found.job_share(stall)
-        if stall.cause == "unknown" and (stall.every is None or len(stall.steps) < UNKNOWN_STALLS):
-            continue  # slow steps now and then with nothing seen in them: no cause to name, no period to show
+        if stall.cause == "unknown" and (stall.every is None or len(stall.steps) < UNKNOWN_STALLS or threads):
+            # slow steps now and then with nothing seen in them: no cause to name, no period to show; or, where
+            # Python threads take turns on the GIL, the steps that waited longest for it (GD501's time)
+            continue
         if len(stall.steps) >= min_stalls and share >= min_share:
             yield _stall_finding(stall, found, share, in_pace)
 

@@ -413,3 +413,18 @@ def test_an_evaluation_then_a_save_is_one_stall_told_apart_and_its_last_one_afte
     assert evidence["share of the job's time"] == pytest.approx(100 * 3 * 0.8 / (wall + 0.8), abs=1.5)
     assert finding["impact"] is None and "of the job's time, not of each step" in finding["impact_reason"]
     assert "evaluate less often" in finding["fix"] and "async_save" in finding["fix"]
+
+
+def test_slow_steps_of_threads_taking_turns_on_the_gil_are_no_stall_of_unknown_cause(tmp_path) -> None:
+    """Five threads launching GPU work once drew "every 3rd step stalls 36 ms in a cause gpudoctor does not watch"
+    (steps 13, 14, 16, 19, 22, 24): the steps that waited longest for the GIL, GD501's time."""
+    def run_with(threads: int, path):
+        b = BundleBuilder(path, window=(2, 1, 2))
+        for i in range(40):
+            b.step(wall_s=0.05 if i % 8 == 7 else 0.01)
+        for n in range(threads):
+            b.thread(f"launcher-{n}", "launch")
+        return b.build()
+
+    assert_fires("GD701", run_with(0, tmp_path / "alone"), location=None)
+    assert_silent("GD701", run_with(5, tmp_path / "threads"))
