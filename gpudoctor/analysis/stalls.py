@@ -198,14 +198,19 @@ def _after_last(pauses: list[PauseEvent], found: list[Stall]) -> dict[tuple[str,
 
 
 def _period(indices: list[int]) -> int | None:
-    """N when the stalls come every N steps (PERIODIC of the gaps between them, give or take one, and N at least
-    2); else None."""
+    """N when the stalls come every N steps (PERIODIC of the gaps between them are N or a multiple of it, give or
+    take one from N = 5, and N at least 2); else None."""
     if len(indices) < 2:
         return None
     gaps = [b - a for a, b in pairwise(indices)]
     common, _ = Counter(gaps).most_common(1)[0]
-    near = sum(1 for gap in gaps if abs(gap - common) <= 1)
-    return common if near >= PERIODIC * len(gaps) and common >= 2 else None
+    if common < 2:
+        return None
+    # A gap of two or more periods is one stall too short to tell from a step (a save the page cache took fast).
+    # Give or take one step only for periods of five and more: with a short one, every gap would be near.
+    slack = 1 if common >= 5 else 0
+    near = sum(1 for gap in gaps if abs(gap - common * max(1, round(gap / common))) <= slack)
+    return common if near >= PERIODIC * len(gaps) else None
 
 
 def stalled_share(steps: Sequence[Step], found: Stalls | None, restarted: Iterable[int]) -> float:

@@ -428,3 +428,11 @@ def test_slow_steps_of_threads_taking_turns_on_the_gil_are_no_stall_of_unknown_c
 
     assert_fires("GD701", run_with(0, tmp_path / "alone"), location=None)
     assert_silent("GD701", run_with(5, tmp_path / "threads"))
+
+
+def test_a_period_holds_where_one_stall_was_too_short_to_see_and_not_for_steps_at_random() -> None:
+    from gpudoctor.analysis.stalls import _period
+
+    assert _period([9, 19, 39, 49]) == 10  # the save at step 29 went by as fast as a step
+    assert _period([10, 13, 16, 19]) == 3
+    assert _period([13, 14, 16, 19, 22, 24]) is None  # five threads on the GIL, slow when they waited longest
