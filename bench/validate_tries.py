@@ -72,6 +72,8 @@ TRY_PAIRS = (
     TryPair("GD201", "inference_pageable_bad", "inference_pageable_fixed"),
     TryPair("GD311", "precision_fp32_bad", "precision_tf32_fixed", "TF32 (its bf16 twin is a what-if)", numerics=True),
     TryPair("GD312", "optimizer_foreach_bad", "optimizer_fused_fixed"),
+    TryPair("GD315", "precision_tf32_gpt_bad", "precision_tf32_gpt_bf16_fixed", "bf16 autocast with TF32 on",
+            numerics=True),
     TryPair("GD313", "elementwise_eager_bad", "elementwise_compiled_fixed", "compile time reported apart",
             numerics=True),
     TryPair("GD402", "allocator_retries_bad", "allocator_expandable_fixed"),
