@@ -140,6 +140,8 @@ def matmuls_not_in_bf16(run: Run, min_impact: float = 0.1) -> Iterator[Finding]:
     model(x) ...` (no GradScaler with bf16; the weights and the optimizer stay fp32), or the script's own
     precision option where it has one (`--dtype bfloat16`). It changes the numerics: `gpudoctor profile
     --try-fixes=all` runs the script under autocast and reports the step it measured and how far the loss moved.
+    On a GPU with fp8 Tensor Cores (compute capability 8.9 and later) the fix adds fp8 training as advice, with no
+    size: no recorded pair measured it.
 
     Impact: the step's GPU computing at the run's pace with each kind of matrix work made faster by its measured
     rate (BF16_RATES: TF32 products 2.67×, fp32 ones 13.8×, fp32 attention 5.9×, on an H200) and the rest as long
@@ -169,7 +171,7 @@ def matmuls_not_in_bf16(run: Run, min_impact: float = 0.1) -> Iterator[Finding]:
         f"{faster:.1f}× as fast",
         impact=impact, location=run.sites.forward_location or run.sites.backward_location,
         evidence=_bf16_evidence(found, slow, computing_s, step, saving, run.throughput),
-        fix=_bf16_fix(run, step - saving),
+        fix=_bf16_fix(run, step - saving, found.capability),
         remedy=AUTOCAST_REMEDY,
     )
 
@@ -208,7 +210,10 @@ def _bf16_evidence(found: Precision, slow: dict[str, float], computing_s: float,
     return evidence
 
 
-def _bf16_fix(run: Run, bf16_step: float) -> str:
+FP8_CAPABILITY = 8.9  # fp8 Tensor Cores: Ada (8.9), Hopper (9.0) and later
+
+
+def _bf16_fix(run: Run, bf16_step: float, capability: float | None) -> str:
     frameworks = run.host.env.frameworks
     where = run.sites.forward_location
     own = precision_option(where.file) if where is not None else None
@@ -221,5 +226,7 @@ def _bf16_fix(run: Run, bf16_step: float) -> str:
                   f"{own.location.line})")
     else:
         change = f"bf16 autocast around the forward and loss ({BF16_LINE})"
+    fp8 = ("; past bf16, this GPU's fp8 Tensor Cores (Transformer Engine, torchao's float8 training) where the "
+           "model tolerates it, not estimated") if capability is not None and capability >= FP8_CAPABILITY else ""
     return (f"{change} (~{bf16_step * 1e3:.1f} ms/step, est.); it changes the numerics: --try-fixes=all measures the "
-            "step under autocast and how far the loss moves")
+            f"step under autocast and how far the loss moves{fp8}")

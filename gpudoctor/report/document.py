@@ -119,6 +119,7 @@ class ThroughputJson(TypedDict):
     peak_tflops: dict[str, float] | None  # the device's dense peaks by precision
     utilization: float | None  # the share of the step that work would take at the peaks
     reason: str | None  # why there is no utilization, or no count
+    other_share: float | None  # the GPU's kernel time outside matrix work: elementwise, norms, the optimizer
 
 
 class BudgetSliceJson(TypedDict):

@@ -218,11 +218,13 @@ def throughput_json(run: Run) -> ThroughputJson | None:
         if not counted or not run.pace.seconds or run.gpu is None:
             return None
         return {"flops": 0.0, "by_precision": {}, "tflops": 0.0, "device": None, "peak_tflops": None,
-                "utilization": None, "reason": why_not_counted(counted)}
+                "utilization": None, "reason": why_not_counted(counted), "other_share": None}
+    precision = run.gpu_work.precision
+    other = round(precision.share("other"), 4) if precision is not None and precision.kernel_s > 0 else None
     return {"flops": found.flops, "by_precision": found.by_precision, "tflops": round(found.tflops, 3),
             "device": found.device, "peak_tflops": found.peaks,
             "utilization": round(found.utilization, 4) if found.utilization is not None else None,
-            "reason": found.reason}
+            "reason": found.reason, "other_share": other}
 
 
 def build_report(run: Run, result: EngineResult, docs: Mapping[str, str] | None = None,

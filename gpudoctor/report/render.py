@@ -65,6 +65,7 @@ def _environment() -> jinja2.Environment:
     env.globals["distortion_text"] = distortion_text
     env.globals["gpu_text"] = gpu_text
     env.globals["profiler_cost_shown"] = profiler_cost_shown
+    env.globals["throughput_text"] = throughput_text
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell

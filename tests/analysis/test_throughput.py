@@ -12,7 +12,8 @@ from gpudoctor.bundle.events import CudaDevice, FlopsEvent
 from gpudoctor.bundle.step_events import MatrixWork
 from gpudoctor.engine import run_rules
 from gpudoctor.report import build_report
-from gpudoctor.report.render import to_text
+from gpudoctor.report.model import link_outputs
+from gpudoctor.report.render import to_html, to_text
 from gpudoctor.testing import BundleBuilder
 
 TF = 1e12
@@ -64,3 +65,5 @@ def test_the_report_gives_the_steps_throughput_and_utilization(tmp_path: Path) -
     assert found["utilization"] == pytest.approx(49.5 / 989.4 / 0.1, abs=1e-4)
     assert "matrix work: 49.5 TFLOP a step, in bf16/fp16, at 495 TFLOP/s: 50% of the NVIDIA H200's peak" in (
         to_text(report))
+    page = to_html(link_outputs(report, tmp_path))
+    assert "<th>Matrix work</th><td colspan=\"3\">49.5 TFLOP a step, in bf16/fp16, at 495 TFLOP/s: 50% of the " in page

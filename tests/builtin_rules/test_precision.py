@@ -151,3 +151,10 @@ def test_the_fix_names_the_scripts_own_precision_option(tmp_path) -> None:
         run.trace.device_properties = [{"id": 0, "name": "GPU", "computeMajor": 9, "computeMinor": 0}]
     [finding] = assert_fires("GD315", run)
     assert finding["fix"].startswith("the script's own setting: `--precision bf16` (at own.py:3)")
+
+
+def test_gd315_adds_fp8_as_advice_only_where_the_gpu_has_it(tmp_path) -> None:
+    [hopper] = assert_fires("GD315", gemm_run(tmp_path / "hopper", TF32_GEMM, capability=(9, 0)))
+    assert "fp8 Tensor Cores" in hopper["fix"] and "not estimated" in hopper["fix"]
+    [ampere] = assert_fires("GD315", gemm_run(tmp_path / "ampere", TF32_GEMM, capability=(8, 0)))
+    assert "fp8" not in ampere["fix"]
