@@ -234,3 +234,12 @@ def test_a_share_two_rules_claim_is_counted_once_by_the_most_severe() -> None:
     pageable, note = findings[("GD201", 53)], findings[("GD202", 53)]  # one copy, non_blocking=True from pageable
     assert pageable.impact is not None and pageable.impact > 0.05
     assert note.impact is None and note.saving_s is None and note.impact_reason.startswith("counted in GD201")
+
+
+def test_a_pinned_loaders_run_gets_the_copy_and_sync_rules() -> None:
+    """oversubscribed_workers_bad (H200) loads through DataLoader(pin_memory=True): torch's pin-memory thread, as
+    busy as the main one, is no Python thread sharing the work, and the copy and sync rules run."""
+    run = fixture("oversubscribed_workers_bad")
+    assert any(t.name.endswith("(_pin_memory_loop)") for t in run.host.threads)
+    skipped = {row.code for row in run_rules(run, builtin_rules()).not_evaluated}
+    assert not skipped & {"GD201", "GD202", "GD203", "GD211"}, skipped

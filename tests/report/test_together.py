@@ -130,3 +130,15 @@ def test_a_cost_outside_the_steps_pace_stands_in_the_verdict_with_its_size(tmp_p
                      "868 ms in an evaluation: 39% of the steps' time (train.py:312).")
     unsized = _problem("GD301", "small_batch", "Launch-bound steps", None)
     assert verdict(0.5, [unsized], steps, "problems", step_s=0.0142) == "GPU idle 50% of each 14.2 ms step; 1 problem."
+
+
+def test_evidence_that_was_not_measured_is_not_shown_as_none(tmp_path: Path) -> None:
+    """A rule's evidence value None (a batch size it could not read) is left off the page, not shown as "None"."""
+    from gpudoctor.report.model import link_outputs
+    from gpudoctor.report.render import to_html
+
+    diagnosis = tried_diagnosis(tmp_path, TRITON)
+    report = report_of(diagnosis)
+    launch_bound = next(f for f in report["findings"] if f["code"] == "GD301")
+    assert any(e["value"] is None for e in launch_bound["evidence"])  # findings.json keeps it, as null
+    assert ">None<" not in to_html(link_outputs(report, tmp_path))
