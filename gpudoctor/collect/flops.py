@@ -7,7 +7,9 @@ A dispatch mode sees every operator the step runs, after autocast has cast its i
 FLOP formulas know (torch.utils.flop_counter, which its FlopCounterMode uses), forward and backward (the autograd
 engine's threads run in the mode too). It costs a Python call per operator for that one step, whose time no figure
 reads (the detail steps are timed for their phases, and the run's pace is the steps' after the window). It is never
-entered where torch.compile has compiled a graph: a compiled model run under a dispatch mode would be traced again.
+entered where torch.compile has compiled a graph (a compiled model run under a dispatch mode would be traced again),
+nor where the script has not loaded torch._dynamo: entering a dispatch mode imports it, and inductor with it, seconds
+that gpudoctor never spends in a script's process (torch.optim's optimizers load it at their first step).
 Nothing it does may fail the step: a formula that raises counts nothing.
 """
 
@@ -24,6 +26,10 @@ from gpudoctor.bundle.step_events import MatrixWork
 from gpudoctor.collect.recorder import Recorder
 
 COMPILED = "torch.compile is in use, and a dispatch mode around a compiled model would make dynamo trace it again"
+# Entering and leaving a dispatch mode imports torch._dynamo, and with it inductor (seconds, on a GPU machine): only
+# where the script has loaded them already (torch.optim's optimizers do, at their first step).
+NOT_LOADED = ("counting would import torch.compile's machinery (torch._dynamo, inductor), which this script has not "
+              "loaded")
 # An operator's kind, by its name: attention's kernels name themselves so; convolutions too; the rest are products.
 KIND_WORDS = (("attention", "attention"), ("conv", "conv"))
 
@@ -50,6 +56,9 @@ class FlopCount:
         if not hooked or self._done or threading.current_thread() is not threading.main_thread():
             return  # a dispatch mode is the thread's own: it is entered and left where the steps end, the main thread
         self._done = True  # one step of the run: the first window's
+        if "torch._dynamo" not in sys.modules:
+            self.recorder.emit(FlopsEvent(reason=NOT_LOADED))
+            return
         if _compiled():
             self.recorder.emit(FlopsEvent(reason=COMPILED))
             return

@@ -151,10 +151,11 @@ def verdict(idle: float | None, findings: list[FindingRecord], steps: list[Step]
 
 
 def _which(found: list[FindingRecord]) -> str:
-    """'it', 'them', or where some problems' cost is not of each step, 'the one sized per step' or 'the 2 sized per
-    step': the problems the saving is of."""
+    """'it', 'them', or where some problems' cost lies outside the step's pace (a rare stall, the start-up), 'the one
+    sized per step' or 'the 2 sized per step': the problems the saving is of."""
     sized = [f for f in found if f.impact]
-    if len(sized) == len(found):
+    apart = [f for f in found if f.impact is None and f.category in OUTSIDE_THE_STEP]
+    if not apart:
         return "them" if len(found) > 1 else "it"
     return "the one sized per step" if len(sized) == 1 else f"the {len(sized)} sized per step"
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from conftest import Gpudoctor, script
 from gpudoctor.bundle.events import FlopsEvent, StepEvent
-from gpudoctor.collect.flops import COMPILED, _counting_mode, kind_of
+from gpudoctor.collect.flops import COMPILED, NOT_LOADED, _counting_mode, kind_of
 
 
 def test_operators_are_told_apart_by_kind() -> None:
@@ -43,3 +43,17 @@ def test_a_compiled_model_is_not_counted(gd: Gpudoctor) -> None:
     result = gd.profile(script("compiled_model.py"))
     assert result.returncode == 0, result
     assert [e.reason for e in result.events(FlopsEvent)] == [COMPILED]
+
+
+@pytest.mark.e2e
+def test_a_script_that_never_loads_torch_compile_is_not_counted_and_does_not_load_it(gd: Gpudoctor, tmp_path) -> None:
+    """A dispatch mode imports torch._dynamo and inductor as it is entered: a loop with no torch.optim optimizer
+    (backward and a hand-written update) has neither, and keeps it so under gpudoctor."""
+    report = tmp_path / "report.json"
+    result = gd.profile(script("train_loop.py"), "--steps", "12", "--mode", "sgd", "--sleep-ms", "0",
+                        "--report", str(report))
+    assert result.returncode == 0, result
+    assert [e.reason for e in result.events(FlopsEvent)] == [NOT_LOADED]
+    import json
+
+    assert json.loads(report.read_text())["inductor_imported"] is False
