@@ -13,6 +13,7 @@ import _thread
 import contextlib
 import gc
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,6 +47,8 @@ class PauseWatch:
         self._gc_started: float | None = None
         self._eval_step = -1  # the step whose first .eval() was kept: one a step
         self._gc_callback: Callable[[str, dict[str, Any]], None] | None = None
+        self._previous_hook: Callable[[Any], Any] | None = None
+        self._hook: Callable[[Any], None] | None = None
 
     def install(self, patches: Patches) -> None:
         import torch
@@ -55,12 +58,34 @@ class PauseWatch:
         patches.wrap(torch.nn.Module, "eval", self._marked_eval(compiling))
         self._gc_callback = self._on_gc
         gc.callbacks.append(self._gc_callback)
+        self._guard_unraisable()
         self.recorder.on_step_end(lambda step: self.flush())
         self.recorder.on_finishing(lambda exception: self.flush())
 
     def uninstall(self) -> None:
         if self._gc_callback in gc.callbacks:
             gc.callbacks.remove(self._gc_callback)
+        if self._hook is not None and sys.unraisablehook is self._hook and self._previous_hook is not None:
+            sys.unraisablehook = self._previous_hook
+
+    def _guard_unraisable(self) -> None:
+        """The interrupt the signal handler raises at the callback's very first instruction, before its `try`
+        (a SIGINT that comes while a collection runs is handled at the first Python code after it: the callback),
+        reaches the collector, which hands it to sys.unraisablehook to print and drop. That one, and only that one,
+        is delivered again instead, as `_on_gc` does; everything else goes to the hook there was."""
+        self._previous_hook = sys.unraisablehook
+        self._hook = self._unraisable_hook  # one bound method, to know it again
+        sys.unraisablehook = self._hook
+
+    def _unraisable_hook(self, unraisable: Any) -> None:
+        callback = getattr(unraisable, "object", None)
+        if (isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt)
+                and getattr(callback, "__func__", None) is PauseWatch._on_gc):
+            with contextlib.suppress(RuntimeError):  # no new thread while the interpreter shuts down
+                _thread.start_new_thread(_interrupt_main_later, ())
+            return
+        previous = self._previous_hook or sys.__unraisablehook__
+        previous(unraisable)
 
     def flush(self) -> None:
         """Write the pauses kept so far."""

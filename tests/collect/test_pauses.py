@@ -31,3 +31,31 @@ def test_ctrl_c_in_the_collections_callback_still_stops_the_script(tmp_path: Pat
         for _ in range(10_000_000):  # the script's code after the collection, where the interrupt is raised
             pass
     assert returned, "the callback raised the interrupt itself, where the collector would drop it"
+
+
+def test_ctrl_c_at_the_callbacks_first_instruction_still_stops_the_script(tmp_path: Path) -> None:
+    """A SIGINT that comes while a collection runs is handled at the callback's first instruction, before its
+    `try`: the collector hands the KeyboardInterrupt to sys.unraisablehook, which printed "Exception ignored in ...
+    _on_gc" and dropped it (tests/launch/test_endings.py::test_timeout, now and then). gpudoctor's hook delivers that
+    one again to the script's own code, and leaves every other unraisable exception to the hook there was."""
+    import sys
+    import types
+
+    watch = PauseWatch(Recorder(ChildConfig(run_dir=str(tmp_path))))
+    seen: list[object] = []
+    before, theirs = sys.unraisablehook, seen.append
+    sys.unraisablehook = theirs
+    try:
+        watch._guard_unraisable()
+        other = types.SimpleNamespace(exc_value=ValueError("x"), object=print)
+        sys.unraisablehook(other)
+        assert seen == [other]
+        with pytest.raises(KeyboardInterrupt):
+            sys.unraisablehook(types.SimpleNamespace(exc_value=KeyboardInterrupt(), object=watch._on_gc))
+            for _ in range(10_000_000):  # the script's code after the collection, where the interrupt is raised
+                pass
+        assert seen == [other]  # not printed
+        watch.uninstall()
+        assert sys.unraisablehook is theirs
+    finally:
+        sys.unraisablehook = before
