@@ -126,8 +126,8 @@ def matmuls_not_in_bf16(run: Run, min_impact: float = 0.1) -> Iterator[Finding]:
     recorded pair measured them in bf16) (by the kernels' names,
     analysis.precision: `sm90_xmma_gemm_f32f32_tf32f32_...`, the memory-efficient attention's
     `fmha_cutlassF_f32...`), where bf16 autocast would save at least `min_impact` of the step. The next rung
-    after GD311's TF32: a script that turns TF32 on itself (nanoGPT's does) draws this one, not GD311; one still in
-    fp32 draws both, as one claim (this fix holds TF32's). A step already in bf16 or fp16 draws nothing.
+    after GD311's TF32: a script that turns TF32 on itself (nanoGPT's does) draws this one; one still in fp32 draws
+    GD311, whose evidence and fix give the bf16 step beside TF32's. A step already in bf16 or fp16 draws nothing.
 
     Why it matters: TF32 runs the products on the Tensor Cores at a fraction of their bf16 rate (an H200's dense
     peaks: 495 TFLOP/s in TF32, 989 in bf16), and attention in fp32 cannot use flash attention: a GPT's step in

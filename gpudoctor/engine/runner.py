@@ -218,23 +218,21 @@ def one_claim_per_fix(records: list[FindingRecord], idle: bool = True) -> list[F
     what the fixes save together takes once (report.verdict.saving_together). One fix whose parts save different
     slices (a loader's persistent workers: the wait for data, and the workers' start at each epoch) stays the sum
     of its parts."""
-    holders: list[FindingRecord] = []
+    holders: dict[int, FindingRecord] = {}  # by position: the first finding of each fix
     replaced: dict[int, FindingRecord] = {}
     for index, record in sorted(enumerate(records), key=lambda item: _pool_order(item[1])):
         if record.impact is None or record.remedy is None or record.counted_in is not None:
             continue
-        same = next((h for h in holders if _one_claim(h, record, idle) and h.remedy == record.remedy), None)
+        same = next((h for h in holders.values() if _one_claim(h, record, idle) and h.remedy == record.remedy), None)
         if same is not None:
             replaced[index] = msgspec.structs.replace(record, impact=None, saving_s=None,
                                                       impact_reason=f"counted in {same.code}'s finding: the same fix")
             continue
-        holders.append(record)
-    for index, record in enumerate(records):
-        if index in replaced or record not in holders:
-            continue
-        larger = next((h for h in holders if h is not record and _one_claim(h, record, idle)
-                       and h.remedy is not None and record.remedy is not None and h.remedy.contains(record.remedy)),
-                      None)
+        holders[index] = record
+    for index, record in holders.items():
+        assert record.remedy is not None
+        larger = next((h for at, h in holders.items() if at != index and _one_claim(h, record, idle)
+                       and h.remedy is not None and h.remedy.contains(record.remedy)), None)
         if larger is not None:
             replaced[index] = msgspec.structs.replace(record, counted_in=larger.code)
     return [replaced.get(index, record) for index, record in enumerate(records)]

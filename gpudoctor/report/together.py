@@ -20,6 +20,7 @@ from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.report.document import AfterTryJson
 from gpudoctor.report.tried import tried_lead
 from gpudoctor.report.units import seconds
+from gpudoctor.report.verdict import saving_together
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class LeftAfterTry:
 
     def to_json(self) -> AfterTryJson:
         return {"code": self.code, "step_s": self.step_s, "bundle": self.bundle,
-                "saving": saving_of(self.findings),
+                "saving": saving_together(list(self.findings)),
                 "findings": [{"code": f.code, "title": f.title, "impact": f.impact, "saving_s": f.saving_s}
                              for f in self.findings]}
 
@@ -44,22 +45,21 @@ def lead_try(findings: Sequence[FindingRecord]) -> FindingRecord | None:
     measured = [f for f in findings if f.tried is not None and f.tried.status == "measured" and f.tried.step_s]
     if not measured:
         return None
-    return max(measured, key=lambda f: (f.tried.speedup or 0.0 if f.tried else 0.0, f.saving_s is not None))
+    return max(measured, key=lambda f: ((f.tried.speedup if f.tried else None) or 0.0, f.saving_s is not None))
 
 
 def left_after(lead: FindingRecord, found_in_try: Sequence[FindingRecord], step_s: float) -> LeftAfterTry:
     """What the try of `lead`'s fix leaves, from the findings of the try's own run (`found_in_try`, at its step
     `step_s`): its problems, less those whose fix the tried one holds (the same fix found again)."""
-    tried, remedy = lead.tried, lead.remedy
+    tried = lead.tried
     assert tried is not None
-    left = tuple(f for f in found_in_try if f.severity != "info"
-                 and not (remedy is not None and f.remedy is not None and remedy.contains(f.remedy)))
+    left = tuple(f for f in found_in_try if f.severity != "info" and not _held_by(lead, f))
     return LeftAfterTry(lead.code, step_s, tried.bundle or "", left)
 
 
-def saving_of(findings: Sequence[FindingRecord]) -> float:
-    """The findings' savings together (disjoint slices, one claim per fix), as a share of their step."""
-    return min(1.0, sum(f.impact or 0.0 for f in findings if f.severity != "info"))
+def _held_by(lead: FindingRecord, finding: FindingRecord) -> bool:
+    """Whether the lead try's fix makes the finding's (its remedy contains the finding's)."""
+    return lead.remedy is not None and finding.remedy is not None and lead.remedy.contains(finding.remedy)
 
 
 def left_text(left: LeftAfterTry) -> str:
@@ -69,7 +69,7 @@ def left_text(left: LeftAfterTry) -> str:
         return "With it, gpudoctor finds no other problem in the run it measured."
     count = f"{len(problems)} problem" + ("s are" if len(problems) > 1 else " is")
     them = "them" if len(problems) > 1 else "it"
-    total = saving_of(problems)
+    total = saving_together(problems)
     if total <= 0:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         return f"With it, {count} left, its cost not estimated: {problems[0].title.rstrip('.')}{more}."
@@ -88,8 +88,7 @@ def headline(verdict: str, step_s: float | None, findings: Sequence[FindingRecor
     shown = tried_lead(step_s, [f.to_json() for f in findings])
     if left is not None and left.code == lead.code:
         return f"{shown} {left_text(left)}"
-    others = [f for f in findings if f.severity != "info" and f.impact and f is not lead
-              and not (lead.remedy is not None and f.remedy is not None and lead.remedy.contains(f.remedy))]
+    others = [f for f in findings if f.severity != "info" and f.impact and f is not lead and not _held_by(lead, f)]
     if not others:
         return shown
     sized = ", ".join(f"{f.code} ~{f.impact:.0%}" for f in others[:3]) + (" and more" if len(others) > 3 else "")

@@ -154,8 +154,7 @@ def _which(found: list[FindingRecord]) -> str:
     """'it', 'them', or where some problems' cost lies outside the step's pace (a rare stall, the start-up), 'the one
     sized per step' or 'the 2 sized per step': the problems the saving is of."""
     sized = [f for f in found if f.impact]
-    apart = [f for f in found if f.impact is None and f.category in OUTSIDE_THE_STEP]
-    if not apart:
+    if not _apart(found):
         return "them" if len(found) > 1 else "it"
     return "the one sized per step" if len(sized) == 1 else f"the {len(sized)} sized per step"
 
@@ -169,10 +168,15 @@ def _not_of_each_step(found: list[FindingRecord], cwd: str | None) -> str:
     """The problems whose cost lies outside the step's pace, by their titles, which give it (an evaluation every
     100th step at 39% of the steps' time, a start-up at 60% of the job), at their lines: 'every 100th step
     stalls 868 ms in an evaluation: 39% of the steps' time (train.py:312)'."""
-    apart = [f for f in found if f.impact is None and f.category in OUTSIDE_THE_STEP]
+    apart = _apart(found)
     named = [_lowered(f.title.rstrip(".")) + _at(f, cwd) for f in apart[:APART_SHOWN]]
     more = f"; and {len(apart) - APART_SHOWN} more" if len(apart) > APART_SHOWN else ""
     return "; ".join(named) + more
+
+
+def _apart(found: list[FindingRecord]) -> list[FindingRecord]:
+    """The problems whose cost lies outside the step's pace: no saving of each step, in OUTSIDE_THE_STEP."""
+    return [f for f in found if f.impact is None and f.category in OUTSIDE_THE_STEP]
 
 
 def _lowered(title: str) -> str:

@@ -142,3 +142,33 @@ def test_a_finding_record_with_a_wrong_type_is_refused_in_one_sentence():
         NotEvaluatedRecord.from_json({"code": "TST103", "name": "needs-gpu"})
     with pytest.raises(BundleError, match="a rule error row is not valid"):
         RuleErrorRecord.from_json({"code": "TST102", "name": "raises", "source": "built-in", "error": 3})
+
+
+@rule("TST201", "tf32-rung", category="precision")
+def tf32_rung(run):
+    """A fix of its own: TF32."""
+    from gpudoctor import Remedy
+
+    yield Finding("TF32 saves", impact=0.4, remedy=Remedy(matmul_precision="high"))
+
+
+@rule("TST202", "bf16-rung", category="precision")
+def bf16_rung(run):
+    """A fix that holds TF32's: bf16 autocast with TF32 on."""
+    from gpudoctor import Remedy
+
+    yield Finding("bf16 saves", impact=0.6, remedy=Remedy(autocast="bfloat16", matmul_precision="high"))
+
+
+def test_a_fix_another_holds_keeps_its_saving_and_is_counted_once_in_the_headline(tmp_path) -> None:
+    """Two rungs of one ladder: TF32 alone, and bf16 autocast with TF32. Each keeps the what-if of its own fix; the
+    smaller is counted in the larger (counted_in), and together they save the larger's 60%, not 100%."""
+    from gpudoctor.report.verdict import saving_together
+    from gpudoctor.testing import BundleBuilder
+
+    b = BundleBuilder(tmp_path)
+    b.steps(10, wall_s=0.01, gpu_busy_s=0.0095)
+    found = {f.code: f for f in run_rules(b.build(), [tf32_rung, bf16_rung]).findings}
+    assert found["TST202"].impact == 0.6 and found["TST202"].counted_in is None
+    assert found["TST201"].impact == 0.4 and found["TST201"].counted_in == "TST202"
+    assert saving_together(list(found.values())) == pytest.approx(0.6)
