@@ -8,7 +8,8 @@ larger batch that GD301's evidence gives. Headline: what the verdict says the fi
 judged against the twin where the twin applies all of them (`FixturePair.together`). Measured: 1 - t_fixed / t_bad,
 each time the mean of the script's own timings of its steady-state steps over its plain runs (without gpudoctor) on
 the recording machine (fixtures/measurements.json, one to six runs each, and those of earlier recordings of the same
-script with as many steps, all shown). The pairs, and which compare time per sample, are in
+script with as many steps, all shown); for a cost paid once (`FixturePair.startup_phase`), the seconds that
+start-up phase took in each fixture's recorded bundle. The pairs, and which compare time per sample, are in
 gpudoctor/testing/pairs.py. Target: within ±30% of the measured gain, relative, or ±0.05 absolute. Tried: the saving
 gpudoctor measured when it applied the fix to the bad script itself (`--try-fixes`, recorded by
 bench/validate_tries.py in fixtures/tries.json), or why it was not tried. Prints a Markdown table; docs/rules.md
@@ -93,21 +94,32 @@ def tried_gain(pair: FixturePair, tries: dict[tuple[str, str], dict[str, Any]]) 
     return str(tried.get("status", "—")).replace("_", " ")
 
 
+def startup_phase_times(name: str, phase: str) -> list[float]:
+    """The seconds one start-up phase took in a fixture's recorded bundle (a cost paid once, which the script's
+    own figure of its steps does not hold)."""
+    startup = load_fixture(name).job_time.startup
+    return [startup.phases.get(phase, 0.0)] if startup is not None else [float("nan")]
+
+
 def row(pair: FixturePair, fixtures: dict[str, Any], rules: dict[str, Any],
         tries: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
-    bad, fixed = (measured_times(fixtures, name, pair.per_sample) for name in (pair.bad, pair.fixed))
+    if pair.startup_phase is not None:
+        bad, fixed = (startup_phase_times(name, pair.startup_phase) for name in (pair.bad, pair.fixed))
+    else:
+        bad, fixed = (measured_times(fixtures, name, pair.per_sample) for name in (pair.bad, pair.fixed))
     measured = 1 - statistics.fmean(fixed) / statistics.fmean(bad)
     predicted, basis = predicted_gain(pair, rules)
     error = (predicted - measured) / measured if abs(measured) > 0.01 else None
     close = within(predicted, measured)
     together = headline_gain(pair, rules)
     headline = f"{together:.0%}" + ("" if not pair.together else " (yes)" if within(together, measured) else " (no)")
-    unit = "per sample" if pair.per_sample else "per step"
+    unit = "per sample" if pair.per_sample else f"{pair.startup_phase}, once" if pair.startup_phase else "per step"
     rules_shown = ", ".join(pair.rules) + ("" if basis == "impact" else f" ({basis})")
-    scale = 1e3
 
     def times(values: list[float]) -> str:
-        return " / ".join(f"{v * scale:.2f}" for v in values) + " ms"
+        if pair.startup_phase is not None:
+            return " / ".join(f"{v:.2f}" for v in values) + " s"
+        return " / ".join(f"{v * 1e3:.2f}" for v in values) + " ms"
 
     machine = str(fixtures[pair.bad].get("machine") or "").split(",")[0]
     return [f"{pair.bad} → {pair.fixed}", rules_shown, f"{predicted:.0%}", headline if not pair.per_sample else "—",

@@ -74,7 +74,7 @@ class BundleBuilder:
     # -- steps -----------------------------------------------------------------------------------
     def step(self, wall_s: float = 0.1, data_wait_s: float = 0.0, *, forward_s: float | None = None,
              backward_s: float | None = None, optimizer_s: float | None = None, gpu_busy_s: float | None = None,
-             kernels: int | None = None, kernel_name: str = "volta_sgemm_128x64_nn",
+             kernels: int | None = None, kernel_name: str | Sequence[str] = "volta_sgemm_128x64_nn",
              warps_per_sm: float | None = None,
              gil: float | Mapping[str, float] | None = None, cuda_memory: dict[str, int] | None = None,
              batches: int = 1, source: str = "optimizer", window: str | None = None,
@@ -83,8 +83,9 @@ class BundleBuilder:
         """Add one step; returns its index.
 
         `gpu_busy_s` puts `kernels` kernels (default 1) of equal length in the trace, spread evenly over the
-        part of the step after its data wait, so the step's GPU busy time is exactly `gpu_busy_s`; each
-        kernel with `warps_per_sm` resident warps per SM (how much of the GPU it occupies) when given.
+        part of the step after its data wait, so the step's GPU busy time is exactly `gpu_busy_s`, named
+        `kernel_name` (several names: taken in turn); each kernel with `warps_per_sm` resident warps per SM (how
+        much of the GPU it occupies) when given.
         `gil` is the GIL probe's mean wake-up delay (seconds) or its summary dict. `copies` and `syncs` are
         rows as the recorder writes them (see `copy()` and `sync()` for the keys). `data_wait_cpu_s` is the
         training thread's CPU time in the data wait (loading the batch itself, with no workers).
@@ -116,16 +117,17 @@ class BundleBuilder:
             return "active"
         return "closed"
 
-    def _spread_kernels(self, step: StepSpec, busy_s: float, count: int, name: str,
+    def _spread_kernels(self, step: StepSpec, busy_s: float, count: int, names: str | Sequence[str],
                         warps_per_sm: float | None) -> None:
         begin = step.start + step.data_wait_s
         room = step.end - begin
         if busy_s > room:  # the kernels cannot all follow the data wait: end them with the step
             begin, room = step.end - busy_s, busy_s
         duration = busy_s / count
+        turn = [names] if isinstance(names, str) else list(names)
         for k in range(count):
-            self._spec.ops.append(GpuOp("kernel", name, begin + k * room / count, duration, 0, DEFAULT_STREAM, None,
-                                        warps_per_sm))
+            self._spec.ops.append(GpuOp("kernel", turn[k % len(turn)], begin + k * room / count, duration, 0,
+                                        DEFAULT_STREAM, None, warps_per_sm))
 
     # -- instrumentation events ------------------------------------------------------------------
     def loader(self, num_workers: int = 0, pin_memory: bool = False, batch_size: int | None = 32, *,

@@ -28,6 +28,9 @@ class FixturePair:
     # The evidence (a share in %) the twin's saving is predicted by, where the finding's cost is not a saving of
     # each step: a stall rarer than the step's pace counts, given as its share of the job's time (GD701).
     share_of: str | None = None
+    # The start-up phase (analysis.startup's PHASES) the fix shortens, where its cost is paid once: the twin's
+    # gain is how much shorter that phase is in its bundle, the prediction the share given as `share_of`.
+    startup_phase: str | None = None
 
 
 PAIRS = (
@@ -45,8 +48,10 @@ PAIRS = (
     FixturePair(("GD211",), "lm_manual_sgd_bad", "lm_manual_sgd_fixed"),
     FixturePair(("GD211",), "gan_two_optimizers_bad", "gan_two_optimizers_fixed"),
     FixturePair(("GD211",), "amp_scaler_bad", "amp_scaler_fixed", together=True),
-    FixturePair(("GD301",), "small_batch_bad", "small_batch_graphed", together=True),
-    FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_graphed", together=True),
+    # These twins replay their steps as CUDA graphs, where GD301's fix is compiling the model: its evidence gives
+    # the step with CUDA graphs beside that.
+    FixturePair(("GD301",), "small_batch_bad", "small_batch_graphed", what_if="step with CUDA graphs (est.)"),
+    FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_graphed", what_if="step with CUDA graphs (est.)"),
     FixturePair(("GD301",), "small_batch_bad", "small_batch_fixed", per_sample=True),
     FixturePair(("GD301",), "tiny_batch_ops_bad", "tiny_batch_ops_fixed", per_sample=True),
     FixturePair(("GD501",), "gil_contention_bad", "gil_contention_fixed", together=True),
@@ -63,7 +68,8 @@ PAIRS = (
     FixturePair(("GD702",), "startup_workers_bad", "startup_workers_fixed", together=True),
     FixturePair(("GD312", "GD301"), "optimizer_foreach_bad", "optimizer_fused_compiled_fixed", together=True),
     FixturePair(("GD701",), "eval_checkpoint_bad", "eval_checkpoint_fixed", share_of="share of the job's time"),
-    FixturePair(("GD702",), "oversubscribed_workers_bad", "oversubscribed_workers_fixed"),
+    FixturePair(("GD702",), "oversubscribed_workers_bad", "oversubscribed_workers_fixed",
+                share_of="of the workers' starts (est.)", startup_phase="loader_workers"),
     FixturePair(("GD315",), "precision_tf32_gpt_bad", "precision_tf32_gpt_bf16_fixed", together=True),
     FixturePair(("GD315",), "precision_tf32_fixed", "precision_bf16_fixed", together=True),
 )

@@ -234,13 +234,32 @@ def test_launch_bound_rule_needs_a_gpu_timeline(tmp_path) -> None:
 def test_launch_bound_steps_fire_on_tiny_kernels(tmp_path) -> None:
     b = BundleBuilder(tmp_path)
     b.steps(5, wall_s=0.01, gpu_busy_s=0.003, kernels=200)
-    findings = assert_fires("GD301", b.build(), count=1)
-    assert findings[0]["impact"] == pytest.approx(0.7, abs=0.03)
+    [finding] = assert_fires("GD301", b.build(), count=1)
+    # matrix products, which compiling leaves as they are: the fix is CUDA graphs, sized by the launches' idle
+    assert finding["impact"] == pytest.approx(0.7, abs=0.03)
+    assert "remedy" not in finding and 'mode="reduce-overhead"' in finding["fix"]
+    evidence = {e["name"]: e["value"] for e in finding["evidence"]}
+    assert evidence["step with CUDA graphs (est.)"] == pytest.approx(3.0, abs=0.3)
+    assert evidence["step compiled (est.)"] == pytest.approx(10.0, abs=0.1)
+
+
+LINEAR_NORM_GELU = ["volta_sgemm_128x64_nn", "void at::native::vectorized_layer_norm_kernel<float, float, false>",
+                    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"]
+
+
+def test_launch_bound_steps_of_fusible_kernels_are_sized_by_what_compiling_removes(tmp_path) -> None:
+    """Each run of fusible kernels becomes one kernel per reduction in it: a step of gemm, layer norm and GELU
+    launches two of its three kernels compiled (analysis.fusion)."""
+    b = BundleBuilder(tmp_path)
+    b.steps(5, wall_s=0.01, gpu_busy_s=0.003, kernels=198, kernel_name=LINEAR_NORM_GELU)
+    [finding] = assert_fires("GD301", b.build(), count=1)
+    assert finding["impact"] == pytest.approx(1 / 3, abs=0.02)
+    assert finding["remedy"] == {"compile": "inductor"}
 
 
 def _launch_bound(tmp_path, module: str | None = None, graphs: bool = False) -> BundleBuilder:
     b = BundleBuilder(tmp_path)
-    b.steps(5, wall_s=0.01, gpu_busy_s=0.003, kernels=200)
+    b.steps(5, wall_s=0.01, gpu_busy_s=0.003, kernels=198, kernel_name=LINEAR_NORM_GELU)
     if module:
         b.forward_site(module)
     if graphs:

@@ -93,8 +93,10 @@ def eager_run(tmp_path, kernel_name: str = ELEMENTWISE, module: str = "Model"):
 
 
 def test_gd313_fires_on_launch_bound_elementwise_kernels_and_compiles_the_model(tmp_path) -> None:
-    [finding] = assert_fires("GD313", eager_run(tmp_path), location="train.py:50")
-    assert finding["impact"] == pytest.approx(0.8, abs=0.01)  # every kernel fusible, 5 into 1
+    run = eager_run(tmp_path)
+    [finding] = assert_fires("GD313", run, location="train.py:50")
+    # every kernel fusible, one after another, no reduction among them: one kernel, and all the launches' idle
+    assert finding["impact"] == pytest.approx(run.budget.share_of("compile"), abs=0.01)
     assert finding["remedy"] == {"compile": "inductor"}
     assert "torch.compile(model)" in finding["fix"]
 
@@ -109,7 +111,7 @@ def test_gd313_and_gd301_make_one_claim_for_compiling_the_model(tmp_path) -> Non
     GD301 counts nothing more (elementwise_eager_bad once said 80% + 12% against a twin's 80%)."""
     run = eager_run(tmp_path)
     findings = {f.code: f for f in run_rules(run, rules("GD301", "GD313")).findings}
-    assert findings["GD313"].impact == pytest.approx(0.8, abs=0.01)
+    assert findings["GD313"].impact == pytest.approx(run.budget.share_of("compile"), abs=0.01)
     assert findings["GD301"].remedy == findings["GD313"].remedy == Remedy(compile="inductor")
     assert findings["GD301"].impact is None
     assert findings["GD301"].impact_reason == "counted in GD313's finding: the same fix"
@@ -320,6 +322,37 @@ def test_gd702_sizes_the_workers_started_at_each_epoch_and_tries_persistent_work
     assert finding["remedy"]["loader"]["persistent_workers"] is True
     # each restarting step 590 ms over the usual 10 ms: the old workers shut down, the new ones started and awaited
     assert finding["impact"] == pytest.approx(2 * 0.59 / sum(s.wall_s for s in run.step_view.steady_steps), abs=0.01)
+
+
+def workers_starting_run(tmp_path, workers: int, start_s: float):
+    """A job of 40 steps of 10 ms on 16 cores whose loader's `workers` start in `start_s` before the first step,
+    after 5 s of imports (fixed costs)."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 2), start=DEFAULT_START + 5.0 + start_s)
+    b.env(cores=16)
+    b.loader(num_workers=workers, site=("train.py", 40, "main"))
+    b.steps(40, wall_s=0.01)
+    b.event(StartupEvent(phase="torch_import", seconds=5.0), LoaderStartEvent(loader_id=0, step=0, seconds=start_s,
+                                                                             workers=workers))
+    return b.build()
+
+
+def test_gd702_tells_what_one_worker_per_core_saves_of_their_start(tmp_path) -> None:
+    """128 workers on 16 cores start in turn: 15 (one per core but the training process's) start in 15/128 of
+    the time. Paid once, it is no saving of each step: given in seconds and as shares."""
+    run = workers_starting_run(tmp_path, 128, 1.6)
+    [finding] = assert_fires("GD702", run, location="train.py:40")
+    start = run.job_time.startup.phases["loader_workers"]  # the start-up's phases, scaled to its length
+    assert start > 0.9 and f"{start:.1f} s of it starting 128 loader workers on 16 cores" in finding["title"]
+    evidence = {e["name"]: e["value"] for e in finding["evidence"]}
+    assert evidence["one worker per core saves (est.)"] == pytest.approx(start * (1 - 15 / 128), abs=0.01)
+    assert evidence["of the workers' starts (est.)"] == 88
+    assert finding["impact"] is None and "paid once" in finding["impact_reason"]
+    assert "num_workers=15" in finding["fix"] and "persistent_workers" not in finding["fix"]
+
+
+def test_gd702_is_silent_on_as_many_workers_as_cores_or_a_start_too_short_to_matter(tmp_path) -> None:
+    assert_silent("GD702", workers_starting_run(tmp_path / "cores", 16, 0.3))
+    assert_silent("GD702", workers_starting_run(tmp_path / "short", 32, 0.1))  # 0.05 s of a 5.1 s job
 
 
 def test_gd702_is_silent_when_the_fixed_costs_are_all_there_is(tmp_path) -> None:
