@@ -9,6 +9,7 @@ from gpudoctor.analysis.batch_growth import BatchGrowth
 from gpudoctor.analysis.budget import Budget
 from gpudoctor.analysis.call_sites import CallSites
 from gpudoctor.analysis.compiles import Compiles, GraphBreak, Recompiles
+from gpudoctor.analysis.cpu_wait import CpuWait, cpu_wait_evidence
 from gpudoctor.analysis.data_wait import DataWait
 from gpudoctor.analysis.frameworks import batch_setting, compile_setting, loader_setting, settings_location
 from gpudoctor.analysis.fusion import Fusion
@@ -62,13 +63,13 @@ from gpudoctor.analysis.views import (
 )
 
 __all__ = [
-    "MOVED", "PHASE_NAMES", "BatchGrowth", "Budget", "CallSites", "Compiles", "CopySite", "DataWait", "Env", "Exit",
-    "FlagValue", "ForkInfo", "Fusion", "GilStats", "GpuMemory", "GpuOp", "GpuView", "GpuWork", "GraphBreak",
-    "HostView", "JobTime", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location", "NotEvaluated",
-    "OptimizerInfo", "OutOfMemory", "Precision", "PrecisionOption", "ProcessInfo", "Recompiles", "Run",
-    "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime", "StepView",
-    "SyncSite", "ThreadInfo", "Throughput", "WindowInfo", "batch_setting", "call_of", "compile_setting",
-    "cores_per_rank", "flag_value", "gpu_memory", "loader_limit_s", "loader_setting", "loader_workers",
-    "loading_time", "optimizer_step_s", "out_of_memory", "paced_steps", "precision_option", "setting_at",
-    "settings_location", "worker_cpu_per_batch_s",
+    "MOVED", "PHASE_NAMES", "BatchGrowth", "Budget", "CallSites", "Compiles", "CopySite", "CpuWait", "DataWait",
+    "Env", "Exit", "FlagValue", "ForkInfo", "Fusion", "GilStats", "GpuMemory", "GpuOp", "GpuView", "GpuWork",
+    "GraphBreak", "HostView", "JobTime", "Launches", "LoaderInfo", "LoaderView", "LoadingTime", "Location",
+    "NotEvaluated", "OptimizerInfo", "OutOfMemory", "Precision", "PrecisionOption", "ProcessInfo", "Recompiles",
+    "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime",
+    "StepView", "SyncSite", "ThreadInfo", "Throughput", "WindowInfo", "batch_setting", "call_of", "compile_setting",
+    "cores_per_rank", "cpu_wait_evidence", "flag_value", "gpu_memory", "loader_limit_s", "loader_setting",
+    "loader_workers", "loading_time", "optimizer_step_s", "out_of_memory", "paced_steps", "precision_option",
+    "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

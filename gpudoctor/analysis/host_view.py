@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from gpudoctor.analysis.cpu_wait import CpuWait, cpu_wait
 from gpudoctor.analysis.events import EventsOf
 from gpudoctor.analysis.gpu_memory import OutOfMemory, out_of_memory
 from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
@@ -58,6 +59,15 @@ class HostView:
         if not steps:
             return self.processes
         return process_infos(within(self._proc_samples, (steps[0].start, steps[-1].end), margin=0.5)) or self.processes
+
+    @cached_property
+    def cpu_wait(self) -> CpuWait:
+        """How long the threads that feed the GPU waited for a core over the steady steps, and the host's CPU
+        pressure and throttling (analysis.cpu_wait)."""
+        steps = self._steps.steady_steps
+        span = (steps[0].start, steps[-1].end) if steps else self._steps.span
+        return cpu_wait(self.steady_processes, self.threads, self.process_facts.main_native_id,
+                        self._host_samples, span)
 
     @cached_property
     def main_thread_cpu_s(self) -> float | None:

@@ -117,21 +117,22 @@ def _process_info(pid: int, entries: list[tuple[float, ProcEntry]], is_root: boo
         cpu_max=max(rates, default=0.0),
         rss_max=int(max(e.highest("rss") or 0 for _, e in entries)),
         threads_max=int(max(e.highest("threads") or 0 for _, e in entries)),
-        thread_cores=_thread_cores([e for _, e in entries], elapsed),
+        thread_cores=_thread_rates([e.thread_cpu for _, e in entries], elapsed),
         ctx_invol_per_s=_rate(first.ctx_invol, last.ctx_invol, elapsed),
         run_delay_share=_rate(first.run_delay_s, last.run_delay_s, elapsed),
+        thread_run_delay=_thread_rates([e.thread_run_delay for _, e in entries], elapsed),
         gpu=any(e.gpu for _, e in entries),
     )
 
 
-def _thread_cores(entries: list[ProcEntry], elapsed: float) -> dict[str, float]:
-    """Each thread's mean cores over the process's sampled time: its CPU from the first sample (or from 0, for a
-    thread started later) to the last sample it was seen in, so that a thread that ended before the process
-    did still counts."""
-    if elapsed <= 0:
+def _thread_rates(totals: list[dict[str, float]], elapsed: float) -> dict[str, float]:
+    """Each thread's running total (CPU seconds, run delay) per second of the process's sampled time: from the
+    first sample (or from 0, for a thread started later) to the last sample it was seen in, so that a thread
+    that ended before the process did still counts."""
+    if elapsed <= 0 or not totals:
         return {}
-    before = entries[0].thread_cpu
+    before = totals[0]
     seen_last: dict[str, float] = {}
-    for entry in entries:
-        seen_last.update(entry.thread_cpu)
-    return {tid: max(0.0, cpu - before.get(tid, 0.0)) / elapsed for tid, cpu in seen_last.items()}
+    for entry in totals:
+        seen_last.update(entry)
+    return {tid: max(0.0, value - before.get(tid, 0.0)) / elapsed for tid, value in seen_last.items()}

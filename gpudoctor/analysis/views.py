@@ -210,6 +210,7 @@ class ProcessInfo:
     ctx_invol_per_s: float | None  # involuntary context switches: the OS took the CPU away
     # Seconds per second the main thread was ready to run but waited for a core; None where not measured
     run_delay_share: float | None = None
+    thread_run_delay: dict[str, float] = field(default_factory=dict)  # the same, by thread id, where kept
     gpu: bool = False  # held a GPU's device file open in some sample (ProcEntry.gpu)
 
     @property

@@ -61,9 +61,10 @@ class SampleKind:
 
 
 KINDS: dict[str, SampleKind] = {
-    "host": SampleKind(counters=frozenset({"swap_in", "swap_out", "job_cpu"})),
+    "host": SampleKind(counters=frozenset({"swap_in", "swap_out", "job_cpu", "cpu_pressure_s", "throttled_s"})),
     "procs": SampleKind(entries="procs", entry_id="pid",
-                        counters=frozenset({"cpu_s", "ctx_vol", "ctx_invol", "thread_cpu", "run_delay_s"}),
+                        counters=frozenset({"cpu_s", "ctx_vol", "ctx_invol", "thread_cpu", "run_delay_s",
+                                            "thread_run_delay"}),
                         labels=frozenset({"pid", "ppid", "name"})),
     "gpu": SampleKind(entries="gpus", entry_id="gpu", labels=frozenset({"gpu"})),
 }

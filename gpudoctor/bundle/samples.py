@@ -51,6 +51,10 @@ class HostRow(Merged, kw_only=True, frozen=True):
     # Under torchrun: CPU seconds (running totals) of each process of the job outside the script's own tree, by
     # pid: the other ranks on this host and their workers, the job's own demand rather than other programs'.
     job_cpu: dict[str, float] | None = None
+    # Seconds some runnable task on the host waited for a core (Linux's /proc/pressure/cpu "some" total), and
+    # seconds the script's cgroup was held back by its CPU limit (cpu.stat): running totals, None where not readable.
+    cpu_pressure_s: float | None = None
+    throttled_s: float | None = None
 
 
 LOADER_WORKER_NAME = "pt_data_worker"  # the name torch gives a DataLoader worker process (ProcEntry.name)
@@ -72,6 +76,8 @@ class ProcEntry(Merged, kw_only=True, frozen=True):
     # Seconds the main thread was ready to run but waited for a core (Linux schedstat's run delay); None where
     # the kernel does not keep it
     run_delay_s: Seconds | None = None
+    # The run delay of each thread, by OS thread id (/proc/PID/task/TID/schedstat); empty where not kept
+    thread_run_delay: dict[str, float] = msgspec.field(default_factory=dict)
     # Whether it holds a GPU's device file (/dev/nvidiaN) open, as a process with a CUDA context does; None where
     # not looked at. A forked child inherits its parent's open files, so only a spawned one's says it used CUDA.
     gpu: bool | None = None

@@ -261,6 +261,8 @@ class TrackedProcess:
         self._files = files
         self._stat, self._status = files.open_all(f"/proc/{pid}/stat", f"/proc/{pid}/status")
         self._schedstat = _open_schedstat(files, pid)
+        # a thread's schedstat gives its CPU time and its run delay in one read; a kernel without it, its stat
+        self._thread_file = "schedstat" if self._schedstat is not None else "stat"
         self._threads: dict[str, HeldFile | PathFile] = {}
         self._children: dict[str, HeldFile | PathFile] = {}
         self._comm, self._name = b"", ""
@@ -277,12 +279,13 @@ class TrackedProcess:
         except OSError:
             return None
         name = self._name_of(comm)
+        cpu, delay = self._thread_times()
         return ProcEntry(
             pid=self.pid, ppid=int(fields[1]), name=name, cpu_s=_tick_seconds(fields[11], fields[12]),
             rss=_resident_bytes(status), threads=threads,
             ctx_vol=_status_count(status, b"\nvoluntary_ctxt_switches:"),
-            ctx_invol=_status_count(status, b"\nnonvoluntary_ctxt_switches:"), thread_cpu=self._thread_cpu(),
-            run_delay_s=self._run_delay(), gpu=self._gpu_look.holds(name),
+            ctx_invol=_status_count(status, b"\nnonvoluntary_ctxt_switches:"), thread_cpu=cpu,
+            run_delay_s=self._run_delay(), thread_run_delay=delay, gpu=self._gpu_look.holds(name),
         )
 
     def _run_delay(self) -> float | None:
@@ -301,7 +304,7 @@ class TrackedProcess:
         for tid in tids:
             if tid not in self._threads:
                 with contextlib.suppress(OSError):  # the thread has exited
-                    self._threads[tid] = self._files.open(f"/proc/{self.pid}/task/{tid}/stat")
+                    self._threads[tid] = self._files.open(f"/proc/{self.pid}/task/{tid}/{self._thread_file}")
 
     def child_pids(self) -> list[int]:
         """The children of all its threads (a child belongs to the thread that started it)."""
@@ -325,19 +328,26 @@ class TrackedProcess:
         if self._schedstat is not None:
             self._schedstat.close()
 
-    def _thread_cpu(self) -> dict[str, float]:
-        cpu, gone = {}, []
+    def _thread_times(self) -> tuple[dict[str, float], dict[str, float]]:
+        """Each thread's CPU seconds and, from schedstat, its run delay (seconds), by thread id."""
+        cpu: dict[str, float] = {}
+        delay: dict[str, float] = {}
+        gone = []
         for tid, file in self._threads.items():
             try:
-                stat = file.read()
+                text = file.read()
             except OSError:
                 gone.append(tid)
                 continue
-            fields = stat[stat.rfind(b")") + 2:].split(None, 13)
-            cpu[tid] = _tick_seconds(fields[11], fields[12])
+            if self._thread_file == "schedstat":
+                on_cpu, waited = _schedstat_seconds(text)
+                cpu[tid], delay[tid] = on_cpu, waited
+            else:
+                fields = text[text.rfind(b")") + 2:].split(None, 13)
+                cpu[tid] = _tick_seconds(fields[11], fields[12])
         for tid in gone:
             self._forget_thread(tid)
-        return cpu
+        return cpu, delay
 
     def _children_file(self, tid: str) -> HeldFile | PathFile:
         file = self._children.get(tid)
@@ -355,6 +365,12 @@ class TrackedProcess:
         if comm != self._comm:
             self._comm, self._name = comm, _process_name(self.pid, os.fsdecode(comm))
         return self._name
+
+
+def _schedstat_seconds(schedstat: bytes) -> tuple[float, float]:
+    """A schedstat line's time on a CPU and time waiting for one (nanoseconds), in seconds."""
+    fields = schedstat.split()
+    return int(fields[0]) / 1e9, int(fields[1]) / 1e9
 
 
 def _open_schedstat(files: ProcFiles, pid: int) -> HeldFile | PathFile | None:

@@ -26,6 +26,7 @@ from gpudoctor.bundle.events import WindowEvent
 from gpudoctor.bundle.jsonio import JsonlTail
 from gpudoctor.bundle.manifest import CollectorStatus, GpuInfo
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
+from gpudoctor.launch.cpu_limits import CpuLimits
 from gpudoctor.launch.nvml import Nvml, NvmlUnavailable
 from gpudoctor.launch.procfiles import PROCFS, ProcFiles, held_files_budget
 from gpudoctor.launch.ranks import torchrun_rank
@@ -152,15 +153,20 @@ class HostSampler(_Ticker):
         self._host_reader = host_reader(self._files)
         self._tree: TreeReader | None = None
         self._job: TreeReader | None = None
+        self._limits: CpuLimits | None = None
 
     def watch(self, pid: int, job_root: int | None = None) -> None:
         """Sample the script's tree (`pid`), and the rest of the job under `job_root` (torchrun's agent)."""
         self._tree = tree_reader(self._files, pid)
         self._job = tree_reader(self._files, job_root) if job_root is not None else None
+        self._limits = CpuLimits(self._files, pid) if self._files is not None else None
 
     def tick(self) -> None:
         t = time.time()
         host = self._host_reader.sample(t)
+        if self._limits is not None:
+            host = msgspec.structs.replace(host, cpu_pressure_s=self._limits.pressure_s(),
+                                           throttled_s=self._limits.throttled_s())
         procs = self._tree.sample() if self._tree is not None else None
         if self._job is not None:
             own = {p.pid for p in procs or ()}
@@ -178,7 +184,7 @@ class HostSampler(_Ticker):
         self._host.close()
         self._procs.close()
         if not self.is_alive():  # a tick still running would read a closed (or reused) descriptor
-            for reader in (self._host_reader, self._tree, self._job):
+            for reader in (self._host_reader, self._tree, self._job, self._limits):
                 if reader is not None:
                     reader.close()
 

@@ -109,6 +109,18 @@ class _RunFields(TypedDict):
     budget: BudgetJson | None  # where the analysed steps' time went, split once (analysis.budget)
     host_lines: list[HostLineJson]  # the user's lines the host spends its time on, the most sampled first
     throughput: ThroughputJson | None  # one step's matrix work against the device's peak (analysis.throughput)
+    cpu_wait: CpuWaitJson  # the feeding threads' wait for a core, the host's CPU pressure (analysis.cpu_wait)
+
+
+class CpuWaitJson(TypedDict):
+    """Shares of the wall time over the steady steps; None where this machine does not keep them."""
+
+    main_thread: float | None  # the main thread's run delay
+    loader_workers: float | None  # the median DataLoader worker's
+    workers: int
+    pin_memory_thread: float | None
+    host_pressure: float | None  # some runnable task waiting for a core (/proc/pressure/cpu)
+    throttled: float | None  # the script's cgroup held back by its CPU limit
 
 
 class ThroughputJson(TypedDict):

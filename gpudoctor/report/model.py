@@ -41,6 +41,7 @@ from gpudoctor.report.cards import card, created_at
 from gpudoctor.report.charts import PHASE_LABELS, kernel_chart, step_chart, timeline_chart
 from gpudoctor.report.document import (
     BreakdownJson,
+    CpuWaitJson,
     ExceptionFacts,
     Links,
     NotMeasuredRow,
@@ -206,7 +207,19 @@ def _run_facts(run: Run) -> RunFacts:
         "budget": None,  # build_report fills it in, with the findings that claim each slice
         "host_lines": host_lines_json(run.sites.host_lines),
         "throughput": throughput_json(run),
+        "cpu_wait": cpu_wait_json(run),
     }
+
+
+def cpu_wait_json(run: Run) -> CpuWaitJson:
+    found = run.host.cpu_wait
+
+    def share(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+
+    return {"main_thread": share(found.main_thread), "loader_workers": share(found.loader_workers),
+            "workers": found.workers, "pin_memory_thread": share(found.pin_memory_thread),
+            "host_pressure": share(found.host_pressure), "throttled": share(found.throttled)}
 
 
 def throughput_json(run: Run) -> ThroughputJson | None:

@@ -14,6 +14,7 @@ from markupsafe import Markup, escape
 
 from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.report import svg
+from gpudoctor.report.cpu_wait import cpu_wait_text, notable
 from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
 from gpudoctor.report.templates import template_environment
 from gpudoctor.report.throughput import throughput_text
@@ -66,6 +67,7 @@ def _environment() -> jinja2.Environment:
     env.globals["gpu_text"] = gpu_text
     env.globals["profiler_cost_shown"] = profiler_cost_shown
     env.globals["throughput_text"] = throughput_text
+    env.globals["cpu_wait_text"] = cpu_wait_text
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
@@ -250,6 +252,8 @@ def to_text(report: Report, report_path: str | None = None, limit: int = 5) -> s
     matrix = throughput_text(run.get("throughput"))
     if matrix:
         lines.append(f"  {matrix}")
+    if notable(run.get("cpu_wait")):
+        lines.append(f"  {cpu_wait_text(run.get('cpu_wait'))}")
     windows = report.get("windows") or []
     if len(windows) > 1:
         charted = next((w["index"] for w in windows if w["charted"]), None)

@@ -218,12 +218,13 @@ class BundleBuilder:
     def process(self, cores: float | None = None, *, name: str = "python", thread_cores: Sequence[float] | None = None,
                 threads: int | None = None, rss: int = 2 * GiB, ctx_invol_per_s: float = 10.0,
                 ctx_vol_per_s: float = 100.0, ppid: int | None = None, run_delay_share: float | None = 0.0,
-                gpu: bool | None = False) -> int:
+                gpu: bool | None = False, thread_run_delay: Sequence[float] = ()) -> int:
         """A process of the script's tree, sampled at a steady rate; the first one added is the script's
         main process, later ones are its children unless `ppid` says otherwise. Returns its pid.
 
         `cores` is its CPU use; `thread_cores` splits it by thread (default: one thread using `cores`);
         `run_delay_share` the share of the time its main thread waits for a core (None: not measured);
+        `thread_run_delay` each thread's, in the order of `thread_cores` (empty: not kept);
         `gpu` whether it holds a GPU's device file open (None: not looked at).
         """
         split = tuple(thread_cores) if thread_cores is not None else (1.0 if cores is None else cores,)
@@ -231,7 +232,8 @@ class BundleBuilder:
         pid = self.pid + len(processes) * 10
         parent = ppid if ppid is not None else (self.pid - 1 if not processes else self.pid)
         processes.append(ProcessSpec(pid, parent, name, split, threads if threads is not None else len(split), rss,
-                                     ctx_invol_per_s, ctx_vol_per_s, run_delay_share, gpu))
+                                     ctx_invol_per_s, ctx_vol_per_s, run_delay_share, gpu,
+                                     tuple(thread_run_delay)))
         return pid
 
     def workers(self, n: int, cores: float = 1.0, **kwargs: Any) -> list[int]:
@@ -243,12 +245,15 @@ class BundleBuilder:
     def host_samples(self, other_cores: float = 0.0, *, tree_cores: float | None = None,
                      busy_cores: float | None = None, swap_in_bps: float = 0.0, swap_out_bps: float = 0.0,
                      swap_used: int = 0, mem_available: int | None = None, load1: float | None = None,
-                     interval_s: float = 0.1) -> BundleBuilder:
+                     interval_s: float = 0.1, cpu_pressure: float | None = None,
+                     throttled: float | None = None) -> BundleBuilder:
         """The host, sampled every `interval_s` over the run: the script's tree uses `tree_cores` (or what
         its `process()`es use), other programs `other_cores`, so the host is `busy_cores` busy (by default
-        their sum); swap traffic in bytes per second; `mem_available` in bytes (default 80% of memory)."""
+        their sum); swap traffic in bytes per second; `mem_available` in bytes (default 80% of memory);
+        `cpu_pressure` and `throttled`, seconds per second the host's tasks waited for a core and the script's
+        cgroup was held back by its CPU limit (None: not readable)."""
         self._spec.host = HostSpec(other_cores, tree_cores, busy_cores, swap_in_bps, swap_out_bps, swap_used,
-                                   mem_available, load1, interval_s)
+                                   mem_available, load1, interval_s, cpu_pressure, throttled)
         return self
 
     def gpu_samples(self, util: float | None = None, *, gpu: int = 0, mem_used: int | None = None,

@@ -64,6 +64,8 @@ def _host_row(spec: BundleSpec, host: HostSpec, busy: float, t: float, elapsed: 
         t=t, cpu_pct=_per_core(busy, spec.cpu_count), load=[host.load1 if host.load1 is not None else busy, busy, busy],
         mem_total=memory, mem_available=host.mem_available if host.mem_available is not None else int(0.8 * memory),
         swap_used=host.swap_used, swap_in=int(host.swap_in_bps * elapsed), swap_out=int(host.swap_out_bps * elapsed),
+        cpu_pressure_s=None if host.cpu_pressure is None else host.cpu_pressure * elapsed,
+        throttled_s=None if host.throttled is None else host.throttled * elapsed,
     )
 
 
@@ -80,4 +82,5 @@ def _proc_entry(p: ProcessSpec, elapsed: float) -> ProcEntry:
         ctx_vol=int(p.ctx_vol_per_s * elapsed), ctx_invol=int(p.ctx_invol_per_s * elapsed), gpu=p.gpu,
         thread_cpu={tid: cores * elapsed for tid, cores in zip(tids, p.thread_cores)},
         run_delay_s=None if p.run_delay_share is None else p.run_delay_share * elapsed,
+        thread_run_delay={tid: share * elapsed for tid, share in zip(tids, p.thread_run_delay)},
     )

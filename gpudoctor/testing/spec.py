@@ -94,6 +94,7 @@ class ProcessSpec:
     ctx_vol_per_s: float
     run_delay_share: float | None = None  # seconds per second the main thread waits for a core
     gpu: bool | None = False  # holds a GPU's device file open (None: not looked at)
+    thread_run_delay: tuple[float, ...] = ()  # each thread's, in the order of thread_cores (empty: not kept)
 
     @property
     def cores(self) -> float:
@@ -113,6 +114,8 @@ class HostSpec:
     mem_available: int | None = None
     load1: float | None = None
     interval_s: float = 0.1
+    cpu_pressure: float | None = None  # seconds per second some task on the host waits for a core
+    throttled: float | None = None  # seconds per second the script's cgroup is throttled
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,21 @@ def test_contention_costs_the_time_the_main_thread_waits_for_a_core(tmp_path) ->
     assert {"name": "main thread waiting for a core", "value": 40.0, "unit": "%"} in finding["evidence"]
 
 
+def test_contention_never_promises_a_step_faster_than_the_jobs_own_work(tmp_path) -> None:
+    """Four workers each busy 0.9 of a core for every 100 ms step: 90 ms of their CPU per batch each, which no
+    neighbour's leaving gives back. Whatever the neighbours take, the step stays at least 90 ms."""
+    b = starved(tmp_path, workers=4, wait=0.09, cores=8)
+    b.process(0.3, run_delay_share=0.5)
+    b.workers(4, cores=0.9, run_delay_share=0.3)
+    b.host_samples(other_cores=4.0, cpu_pressure=0.6)
+    [finding] = assert_fires("GD504", b.build(), count=1)
+    assert finding["impact"] == pytest.approx(0.1, abs=0.02)
+    evidence = {e["name"]: e["value"] for e in finding["evidence"]}
+    assert evidence["loader workers waiting for a core (median)"] == 30.0
+    assert evidence["host CPU pressure"] == pytest.approx(60.0, abs=1)
+    assert "throttled by a CPU limit" not in evidence  # not readable here: no figure
+
+
 def test_a_waiting_host_costs_nothing_while_the_gpu_is_busy(tmp_path) -> None:
     finding = run_rule("GD504", contended(tmp_path, gpu_busy_s=0.1).build())
     assert len(finding) == 1 and finding[0]["impact"] == pytest.approx(0.0, abs=0.01)

@@ -96,7 +96,9 @@ def test_process_values_match_psutil(tree: Tree) -> None:
     assert set(ours) == set(theirs) == {tree.pid, tree.workers[0]}
     for pid, row in ours.items():
         other = theirs[pid]
-        assert list(row) == list(other)  # the same keys, in the same order
+        # the same keys, in the same order; psutil has no reader of each thread's run delay
+        assert [key for key in row if key != "thread_run_delay"] == list(other)
+        assert set(row["thread_run_delay"]) == set(row["thread_cpu"])  # schedstat: CPU and run delay in one read
         for key in ("pid", "ppid", "name", "rss", "threads"):
             assert row[key] == other[key], key
         assert row["cpu_s"] == pytest.approx(other["cpu_s"], abs=0.02)
@@ -263,11 +265,14 @@ def test_host_sampler_writes_the_same_lines_and_closes_its_files(tree: Tree, tmp
     host = [json.loads(line) for line in (tmp_path / "samples" / "host.jsonl").read_text().splitlines()]
     procs = [json.loads(line) for line in (tmp_path / "samples" / "procs.jsonl").read_text().splitlines()]
     assert len(host) == len(procs) == sampler.samples
-    assert list(host[-1]) == ["t", "cpu_pct", "load", "mem_total", "mem_available", "swap_used", "swap_in",
-                              "swap_out"]
+    base = ["t", "cpu_pct", "load", "mem_total", "mem_available", "swap_used", "swap_in", "swap_out"]
+    assert list(host[-1])[:len(base)] == base
+    # where this machine keeps them: the host's CPU pressure and the cgroup's throttling
+    assert set(list(host[-1])[len(base):]) <= {"cpu_pressure_s", "throttled_s"}
+    assert ("cpu_pressure_s" in host[-1]) == Path("/proc/pressure/cpu").exists()
     assert [p["pid"] for p in procs[-1]["procs"]] == [tree.pid, tree.workers[0]]
     assert list(procs[-1]["procs"][0]) == ["pid", "ppid", "name", "cpu_s", "rss", "threads", "ctx_vol",
-                                           "ctx_invol", "thread_cpu", "run_delay_s", "gpu"]
+                                           "ctx_invol", "thread_cpu", "run_delay_s", "thread_run_delay", "gpu"]
 
 
 @pytest.mark.e2e
@@ -355,3 +360,43 @@ def test_the_run_delay_is_read_from_a_schedstat_line() -> None:
     schedstat = Path("/proc/self/schedstat")
     if schedstat.exists():  # a kernel built with scheduler statistics: the line parses
         assert isinstance(run_delay_seconds(schedstat.read_bytes()), float)
+
+
+def test_the_hosts_cpu_pressure_and_the_cgroups_throttling_are_read_from_their_files() -> None:
+    from gpudoctor.launch.cpu_limits import pressure_seconds, throttled_seconds
+
+    psi = b"some avg10=0.60 avg60=1.13 avg300=0.97 total=10745545\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    assert pressure_seconds(psi) == pytest.approx(10.745545)  # microseconds some task waited for a core
+    assert pressure_seconds(b"") is None
+    v2 = b"usage_usec 9000\nuser_usec 6000\nsystem_usec 3000\nnr_periods 40\nnr_throttled 7\nthrottled_usec 2500000\n"
+    v1 = b"nr_periods 40\nnr_throttled 7\nthrottled_time 1500000000\n"
+    assert throttled_seconds(v2) == 2.5 and throttled_seconds(v1) == 1.5
+    assert throttled_seconds(b"usage_usec 9000\n") is None  # a cgroup without a CPU limit's statistics
+
+
+def test_the_cgroups_cpu_stat_is_found_under_its_hierarchy(tmp_path: Path, monkeypatch) -> None:
+    from gpudoctor.launch import cpu_limits
+
+    (tmp_path / "job.slice").mkdir()
+    (tmp_path / "job.slice" / "cpu.stat").write_bytes(b"nr_throttled 0\nthrottled_usec 0\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/job.slice\n")
+    monkeypatch.setattr(cpu_limits, "CGROUP_ROOT", str(tmp_path))
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(cgroup if path == "/proc/1/cgroup" else path,
+                                                                          *a, **k))
+    assert cpu_limits.cgroup_cpu_stat(1) == str(tmp_path / "job.slice" / "cpu.stat")
+    cgroup.write_text("0::/not-mounted-here\n")  # a container's namespace: the mounted root's
+    (tmp_path / "cpu.stat").write_bytes(b"throttled_usec 5\n")
+    assert cpu_limits.cgroup_cpu_stat(1) == str(tmp_path / "cpu.stat")
+    cgroup.write_text("4:memory:/x\n")
+    assert cpu_limits.cgroup_cpu_stat(1) is None  # no CPU controller
+
+
+@pytest.mark.e2e
+def test_each_threads_run_delay_is_sampled_beside_its_cpu(tree: Tree) -> None:
+    """/proc/PID/task/TID/schedstat: a thread's time on a CPU and its wait for one, both running totals."""
+    [root] = [row for row in ProcfsTree(ProcFiles(64), tree.pid).sample() if row.pid == tree.pid]
+    assert set(root.thread_run_delay) == set(root.thread_cpu) and len(root.thread_cpu) == 4
+    assert all(delay >= 0 for delay in root.thread_run_delay.values())
+    assert root.thread_cpu[str(tree.pid)] > 0.01  # the main thread's sum

@@ -68,3 +68,17 @@ def test_report_lists_what_was_not_measured(training_run: Result) -> None:
     assert not_measured.count("<li>") == len(failed)
     for name, reason in failed.items():
         assert f"<li><strong>{labels[name]}</strong>: {escape(reason)}</li>" in not_measured
+
+
+def test_the_cpu_side_is_measured_where_linux_keeps_it(training_run: Result) -> None:
+    """The main thread's run delay (schedstat) and the host's CPU pressure (PSI), read for real where this kernel
+    keeps them, and said on the page; elsewhere null, and said not measured."""
+    from pathlib import Path
+
+    wait = training_run.findings()["run"]["cpu_wait"]
+    assert (wait["main_thread"] is not None) == Path("/proc/self/schedstat").exists()
+    assert (wait["host_pressure"] is not None) == Path("/proc/pressure/cpu").exists()
+    assert all(value is None or 0 <= value <= 1 for key, value in wait.items() if key != "workers")
+    html = (training_run.run_dir / "report.html").read_text(encoding="utf-8")
+    if wait["main_thread"] is not None:
+        assert "waiting for a core: the main thread " in html
