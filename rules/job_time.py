@@ -127,11 +127,10 @@ def slow_startup(run: Run, min_share: float = 0.2, dominates: float = 0.5,
     model building, downloads); plus the DataLoader workers started again at each later epoch (a loader
     without persistent workers). It fires when what a change to the script shortens (its own set-up, the workers'
     starts, compilation) takes at least `min_share` of the job, or the epochs' worker starts at least `min_share` of
-    the steps' time, or when a loader starts more workers than the host has cores and fewer would save at least
-    `min_fewer_workers_share` of the job; it is critical when start-up takes `dominates` of the job or more. Every
-    job's fixed costs
-    (the interpreter, imports, CUDA) count in the share it gives, not in what makes it fire: a short benchmark is
-    not told to run longer.
+    the steps' time, or when a loader starts more than twice as many workers as the host has cores and one per
+    core would save at least `min_fewer_workers_share` of the job; it is critical when start-up takes `dominates`
+    of the job or more. Every job's fixed costs (the interpreter, imports, CUDA) count in the share it gives, not
+    in what makes it fire: a short benchmark is not told to run longer.
 
     Why it matters: a short job, or one cut into many short epochs, can spend most of its time on work that is
     not training: 128 workers started anew at every epoch of 15 steps, each importing torch, take longer than
@@ -141,7 +140,8 @@ def slow_startup(run: Run, min_share: float = 0.2, dominates: float = 0.5,
 
     Fix: what its largest cause needs: `persistent_workers=True` (workers started once) and as many workers as
     the cores allow; the set-up's result cached on disk (an index, a preprocessed dataset); compilation caches
-    kept between jobs. `gpudoctor profile --try-fixes` tries persistent workers where the loader restarts them.
+    kept between jobs. `gpudoctor profile --try-fixes` tries persistent workers where the loader restarts them, and
+    one worker per core where it starts too many, timing their start in the try's run beside its steps.
 
     Impact: the per-epoch worker starts, as a share of the steps' time after start-up: what persistent workers
     save every step. The start-up before the first step is paid once, so it is given as a share of the job, in
@@ -175,10 +175,13 @@ def slow_startup(run: Run, min_share: float = 0.2, dominates: float = 0.5,
         location=_startup_location(found, loader), severity="critical" if found.share >= dominates else None,
         evidence=evidence,
         fix=_startup_fix(run, found, loader, fewer),
-        remedy=_startup_remedy(run, found, loader),
+        remedy=_startup_remedy(run, found, loader, fewer),
     )
 
 
+# Workers this many times the cores start in turn; a few more than the cores start about as fast (each forks
+# and waits for its first batch's samples more than it computes).
+OVERSUBSCRIBED = 2
 # The evidence of what one worker per core saves of the workers' starts (bench/validate_impacts.py reads its share).
 FEWER_WORKERS_SAVE = "one worker per core saves (est.)"
 
@@ -191,7 +194,7 @@ def _worker_starts(found: Startup) -> float:
 def _fewer_workers_save(found: Startup, loader: LoaderInfo | None, cores: int | None) -> float | None:
     """What the workers' starts would take less with one worker per core, in seconds; None where the loader has
     no more workers than cores."""
-    if loader is None or not cores or loader.num_workers <= cores or _worker_starts(found) <= 0:
+    if loader is None or not cores or loader.num_workers <= OVERSUBSCRIBED * cores or _worker_starts(found) <= 0:
         return None
     return _worker_starts(found) * (1 - _workers(loader, cores) / loader.num_workers)
 
@@ -257,11 +260,17 @@ def _startup_fix(run: Run, found: Startup, loader: LoaderInfo | None, fewer_s: f
     return "; ".join(parts) or "run more steps per job: start-up is paid once"
 
 
-def _startup_remedy(run: Run, found: Startup, loader: LoaderInfo | None) -> Remedy | None:
-    if loader is None or not found.restarts or loader.persistent_workers:
+def _startup_remedy(run: Run, found: Startup, loader: LoaderInfo | None, fewer_s: float | None) -> Remedy | None:
+    """Persistent workers for a loader that starts them again at each epoch; one worker per core for one that
+    starts too many (the try times their start: gpudoctor.trying)."""
+    if loader is None:
         return None
-    return Remedy(loader=LoaderRemedy(at=loader.built_at, num_workers=_workers(loader, run.host.env.cores),
-                                      persistent_workers=True))
+    workers = _workers(loader, run.host.env.cores)
+    if found.restarts and not loader.persistent_workers:
+        return Remedy(loader=LoaderRemedy(at=loader.built_at, num_workers=workers, persistent_workers=True))
+    if fewer_s is not None:
+        return Remedy(loader=LoaderRemedy(at=loader.built_at, num_workers=workers))
+    return None
 
 
 def _workers(loader: LoaderInfo, cores: int | None) -> int:

@@ -109,7 +109,8 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         if compiled is not None:
             evidence["step compiled (est.)"] = (round(step * (1 - compiled) * 1e3, 2), "ms")
     yield Finding(
-        f"Launch-bound steps: the GPU is idle {idle:.0%} of each step between {round(median_us)} µs kernels",
+        f"Launch-bound steps: the GPU is idle {idle:.0%} of each step, waiting for the host to launch its "
+        f"{launches.kernels_per_step:.0f} kernels, each done in about {_microseconds(median_us)}",
         impact=(impact if graphs else compiled) if first else None,
         impact_reason=None if first else UNSIZED_AFTER_COMPILE,
         location=settings_location(run, loader) or (loader.location if loader else None)
@@ -118,6 +119,10 @@ def launch_bound_steps(run: Run, max_busy_share: float = 0.5, max_median_kernel_
         fix=f"{GRAPHS_FIX if graphs else _fewer_launches(run)}, or {_larger_batch(run, batch, growth, headroom)}",
         remedy=Remedy(compile="inductor") if first and not graphs else None,
     )
+
+
+def _microseconds(us: float) -> str:
+    return f"{us:.1f} µs" if us < 10 else f"{us:.0f} µs"
 
 
 def _compile_saving(run: Run, launch_idle: float) -> float | None:

@@ -51,7 +51,8 @@ def gil_contention(run: Run, min_threads: int = 2, max_process_cores: float = 1.
     busy = main.sharing_among(python_ids) if python_ids is not None else main.busy_threads
     if busy < min_threads or main.cpu_mean > max_process_cores or delay < min_probe_delay_share * switch:
         return
-    idle = run.gpu_work.idle_share
+    # the step's idle as the report's summary gives it: at the run's pace, without the profiler's own cost
+    idle = run.budget.idle_share if run.budget is not None else run.gpu_work.idle_share
     own = _busiest_thread_cores(main, python_ids)
     impact = min(idle, max(0.0, 1.0 - own)) if idle is not None else None
     site = threads[0].location if threads else None

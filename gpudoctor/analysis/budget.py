@@ -55,7 +55,7 @@ SLICE_LABELS = {
     "gpu_busy": "GPU computing", "collective": "GPU in collectives (waiting for other ranks included)",
     "data_wait": "GPU idle: host waiting for data",
     "stall": "GPU idle: steps that stall now and then (a save, an evaluation, workers started again)",
-    "sync": "GPU idle: host blocked in a sync, or refilling the queue it drained",
+    "sync": "GPU idle around a sync: the host waits for the GPU, then the GPU for the host's next launches",
     "copy": "Copies not overlapped, and GPU idle in a blocking copy",
     "host": "GPU idle: host-side work (Python, launches)",
     "unexplained": "GPU idle: unexplained",

@@ -82,6 +82,7 @@ class TriedJson(_TriedFields, total=False):
     fix_of: str  # only on a finding whose saving another finding's fix makes, and that fix was tried
     not_as_predicted: str  # only where the try changed more than the prediction assumes
     bundle: str  # only where the try ran: its run directory, relative to the diagnosed run's ("tries/GD313")
+    workers_start_s: list[float]  # only for a try of the loader's workers: their start, diagnosed and tried
 
 
 class FindingJson(_FindingFields, total=False):
@@ -195,7 +196,9 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     ("numerics", tried only by --try-fixes=all); `loss_delta`: how far the loss handed to backward() moved over the
     steps both runs recorded, relative to the diagnosed run's (gpudoctor.trying.numerics); `compile_s`: for a fix
     that compiles the model, the seconds torch.compile took, reported apart from the steps timed after it;
-    `bundle`: where the try ran, its run directory relative to the diagnosed run's."""
+    `bundle`: where the try ran, its run directory relative to the diagnosed run's; `workers_start_s`: for a fix of
+    the loader's workers, the seconds their first start took in the diagnosed run and in the try's (a cost paid
+    once, which the step does not show)."""
 
     what: ClassVar[str] = "tried fix"
     status: str
@@ -211,10 +214,11 @@ class Tried(_JsonRecord, kw_only=True, frozen=True):
     loss_delta: Annotated[float, msgspec.Meta(ge=0)] | None = None
     compile_s: Annotated[float, msgspec.Meta(ge=0)] | None = None
     bundle: str | None = None
+    workers_start_s: list[Annotated[float, msgspec.Meta(ge=0)]] | None = None
 
     def to_json(self) -> TriedJson:
         plain = cast("TriedJson", self._plain())
-        for key in ("changes", "fix_of", "not_as_predicted", "bundle"):  # only some tries have them
+        for key in ("changes", "fix_of", "not_as_predicted", "bundle", "workers_start_s"):  # only some tries
             if getattr(self, key) is None:
                 del plain[key]  # type: ignore[misc]
         return plain

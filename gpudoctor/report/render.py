@@ -16,6 +16,7 @@ from gpudoctor.bundle.findings import FindingJson, FindingWindowJson
 from gpudoctor.report import svg
 from gpudoctor.report.cpu_wait import cpu_wait_text, notable
 from gpudoctor.report.document import BudgetJson, FindingsDocument, Report, RunFacts
+from gpudoctor.report.kernel_names import kernel_label
 from gpudoctor.report.templates import template_environment
 from gpudoctor.report.throughput import throughput_text
 from gpudoctor.report.tried import gained, tried_applied, tried_head, tried_text
@@ -54,6 +55,7 @@ def _environment() -> jinja2.Environment:
     env = template_environment()
     env.filters["seconds"] = seconds
     env.filters["percent"] = percent
+    env.filters["kernel_label"] = kernel_label
     env.filters["elapsed"] = elapsed
     env.globals["step_after"] = step_after
     env.globals["tried_text"] = tried_text

@@ -73,8 +73,8 @@ NOT_AT_RUN_TIME = {
     "GD314": "a graph break or a recompilation is the script's code: removing it is an edit",
     "GD701": "how often the script saves, evaluates or collects is its own: doing it less often or in the "
              "background is an edit",
-    "GD702": "only a loader that starts its workers again at each epoch is tried (persistent workers): the rest of "
-             "the start-up is the script's own",
+    "GD702": "only a loader's workers are tried (persistent workers where it starts them again at each epoch, one "
+             "per core where it starts too many): the rest of the start-up is the script's own",
     "GD501": "moving work from threads to processes is an edit of the script",
     "GD401": "the host's memory is the machine's: the fix is fewer or smaller buffers in the script",
     "GD504": "the other programs on the host are not the script's: give the job its own cores",
@@ -357,7 +357,24 @@ def measure(diagnosed: Diagnosed, folder: Path, remedy: Remedy, outcome: Ended, 
                      reason="the try ran no step after its profiling window to time")
     seconds, steps = pace
     return Tried(status="measured", applied=described, step_s=seconds, speedup=diagnosed.step_s / seconds, steps=steps,
-                 changes=changes)
+                 changes=changes, workers_start_s=_workers_start(diagnosed.run_dir, folder, remedy))
+
+
+def _workers_start(diagnosed: Path, tried: Path, remedy: Remedy) -> list[float] | None:
+    """For a fix of how many workers the loader starts: their first start in the diagnosed run and in the try's
+    (analysis.startup's "loader_workers"), seconds; None for another fix, a job, or a run that did not time it."""
+    if remedy.loader is None or remedy.loader.num_workers is None or rank_dirs(tried):
+        return None
+    starts = []
+    for run_dir in (diagnosed, tried):
+        try:
+            startup = Run.from_bundle(run_dir).job_time.startup
+        except GpudoctorError:
+            return None
+        if startup is None:
+            return None
+        starts.append(round(startup.phases.get("loader_workers", 0.0), 3))
+    return starts
 
 
 def _pace(folder: Path) -> tuple[float, int] | None:

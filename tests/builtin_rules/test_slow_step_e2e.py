@@ -8,6 +8,8 @@ and how far the loss moved, the compilation's time apart."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from builtin_rules.test_rules_cpu_e2e import (
@@ -71,6 +73,32 @@ def test_gd702_sizes_the_workers_a_loader_restarts_at_every_epoch(gd: Gpudoctor)
                            script, line_of(script, "LOADER"))
     assert "later epochs start 4 workers again" in finding["title"]
     assert finding["impact"] > 0.2 and finding["remedy"]["loader"]["persistent_workers"] is True
+
+
+def test_gd702_tells_what_one_worker_per_core_saves_of_their_start_and_a_try_times_it(gd: Gpudoctor) -> None:
+    """Eight workers a core, each computing 0.1 s before its first sample: they start in turn, in about 0.8 s
+    whatever the cores; one per core (less the training process's) in about 0.1 s. The try's steps are as fast;
+    what it changes is the start, which the try's own run times."""
+    cores = len(os.sched_getaffinity(0))
+    workers = 8 * cores
+    script = rule_script("slow_startup.py")
+    result = profile(gd, "slow_startup.py", "--workers", str(workers), "--worker-start-cpu-s", "0.1",
+                     "--epoch-steps", "100", "--steps", "40")
+    finding = assert_fires(result, "GD702", "startup", script, line_of(script, "LOADER"))
+    assert f"starting {workers} loader workers on {cores} cores" in finding["title"]
+    facts = evidence(finding)
+    start = facts["the DataLoader workers' start"]
+    fewer = max(1, cores - 1)
+    assert facts["one worker per core saves (est.)"] == pytest.approx(start * (1 - fewer / workers), abs=0.02)
+    assert finding["remedy"]["loader"] == {"at": finding["remedy"]["loader"]["at"], "num_workers": fewer}
+    tried = gd.run("try", "--yes", "run", "--finding", "GD702", timeout=TRY_TIMEOUT_S)
+    assert tried.returncode == 0, tried
+    [after] = findings_of(result, "GD702")  # the run's findings.json, with what the try measured
+    try_of = after["tried"]
+    assert try_of["status"] == "measured", try_of
+    before_s, after_s = try_of["workers_start_s"]
+    assert before_s == pytest.approx(start, abs=0.01) and after_s < before_s / 2  # the start, timed in the try's run
+    assert f"the workers' start {before_s:.2f} → {after_s:.2f} s" in tried.stderr
 
 
 @pytest.mark.parametrize("args", [(), ("--workers", "4", "--persistent")])
