@@ -349,7 +349,7 @@ def copy_not_overlapped(run: Run, min_share: float = 0.05, max_overlapped: float
     compute = sum(s.gpu_compute_s or 0.0 for s in steps)
     site = next((c for c in run.sites.copies if c.direction == "h2d"), None)
     yield Finding(
-        f"Host-to-device copies take {exposed / wall:.0%} of the step with no compute beside them",
+        f"The GPU spends {exposed / wall:.0%} of the step copying to the device, with no compute beside the copies",
         impact=min(exposed, compute) / wall, location=site.location if site else None,
         evidence={"copy time per step": (round(copy_s / len(steps) * 1e3, 2), "ms"),
                   "overlapped with kernels": (round(100 * overlapped / copy_s), "%"),

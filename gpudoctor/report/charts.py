@@ -31,8 +31,10 @@ from gpudoctor.report.document import (
 __all__ = ["PHASE_LABELS", "kernel_chart", "ranks_chart", "step_chart", "timeline_chart"]
 
 PHASE_LABELS = {
-    "data_wait": "data wait", "copy": "host↔device copy", "forward": "forward", "backward": "backward",
-    "optimizer": "optimizer", "sync": "sync", "other": "other host time",
+    # the host's time in each phase: a blocking copy or a sync also waits there for the GPU's earlier work, which
+    # the budget gives to the GPU's side (computing); the two say different things and are named so
+    "data_wait": "data wait", "copy": "in host↔device copy calls", "forward": "forward", "backward": "backward",
+    "optimizer": "optimizer", "sync": "in synchronizing calls", "other": "other host time",
 }
 # The timeline's panels and series: title, unit and how each panel is drawn; each series' legend.
 PANEL_TEXT: dict[str, tuple[str, str, Literal["line", "bars"]]] = {
