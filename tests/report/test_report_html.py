@@ -33,7 +33,7 @@ SCREENSHOTS = REPO / "docs" / "screenshots"  # rewritten only with GPUDOCTOR_UPD
 ALLOWED_TAGS = {
     "html", "head", "meta", "title", "style", "body", "header", "footer", "section", "article", "figure", "details",
     "summary", "h2", "h3", "p", "a", "span", "strong", "em", "code", "pre", "br", "ol", "ul", "li", "div", "table",
-    "tr", "th", "td", "svg", "rect", "line", "polyline", "circle", "text",
+    "tr", "th", "td", "caption", "svg", "rect", "line", "polyline", "circle", "text",
 }
 FIXTURES = {  # screenshot name: (recorded bundle, full page?)
     "starved": ("data_starvation_bad", False),
