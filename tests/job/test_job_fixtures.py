@@ -132,3 +132,16 @@ def test_the_jobs_page_and_its_ranks_pages_agree(merged: dict[str, dict], job: s
         assert report["run"]["launcher"] == LAUNCHERS[job]
     page = to_html(link_outputs(report, Path(report["links"]["run"])))
     assert "torchrun job" not in page and page.count("each analysed step</h3>") == 0
+
+
+def test_a_jobs_page_renders_when_its_shown_rank_was_profiled_in_several_windows(merged: dict[str, dict]) -> None:
+    """`--every` on a job: the shown rank's windows are the page's, and the job's merged findings have none of
+    their own (the page once failed on them: "'dict object' has no attribute 'windows'")."""
+    report = dict(merged["job_loader_straggler_bad"])
+    report["windows"] = [{"index": i, "start": 0.0, "first_step": 10 * i, "trace": None, "steps_analysed": 5,
+                          "median_step_s": 0.01, "gpu_idle_share": 0.5, "findings": {}, "start_s": 20.0 * i,
+                          "charted": i == 1} for i in (1, 2)]
+    assert not any("windows" in f for f in report["findings"])
+    page = to_html(link_outputs(report, Path(report["links"]["run"])))
+    assert "Profiling windows" in page and "profiling windows (#" not in page
+    assert "2 profiling windows" in to_text(report)
