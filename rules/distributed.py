@@ -60,6 +60,9 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
     than 12.6 ms). Where the slow rank's own finding explains that wait, its saving is counted here once, not
     again on that rank.
     """
+    if job.missing_ranks:
+        yield from _waiting_elsewhere(job, min_wait_share, min_wait_ms)
+        return
     found = straggling(job)
     wait_s, step_s, slow, others = found.wait_s, found.step_s, found.slow, found.others
     pace = job.pace_s
@@ -94,6 +97,42 @@ def straggler(job: Job, min_wait_share: float = 0.2, min_wait_ms: float = 1.5, m
             "then limited by": after.limited_by,
         },
         fix=cause.fix,
+    )
+
+
+def missing_text(job: Job) -> str:
+    """'ranks 2-3 of 4 are not in this run directory'."""
+    missing = job.missing_ranks
+    names = ", ".join(str(r) for r in missing) if len(missing) < 4 else f"{missing[0]}-{missing[-1]}"
+    world = len(missing) + len(job.ranks)
+    return f"rank{'s' if len(missing) > 1 else ''} {names} of {world} {'are' if len(missing) > 1 else 'is'} not here"
+
+
+MERGE_FIX = ("merge every node's run directory into the job's report: `gpudoctor analyze RUN_NODE0 RUN_NODE1 ...` "
+             "(one shared --out on every node writes it by itself); the straggler and its cause are named there")
+
+
+def _waiting_elsewhere(job: Job, min_wait_share: float, min_wait_ms: float) -> Iterator[Finding]:
+    """Some of the job's ranks are not in these directories (another node's), and every rank here spends much of
+    its step in collectives: the rank they wait for may be one of those, which no rank here shows."""
+    measured = [r.figures for r in job.ranks if r.figures.collective_s is not None and r.figures.median_step_s]
+    if not measured:
+        return
+    least = min(measured, key=lambda f: f.collective_s or 0.0)
+    waited, step = least.collective_s or 0.0, least.median_step_s or 0.0
+    if waited < min_wait_share * step or waited * 1e3 < min_wait_ms:
+        return
+    yield Finding(
+        title=(f"Every rank here spends at least {waited * 1e3:.1f} ms of its {step * 1e3:.1f} ms step in collectives, "
+               f"and {missing_text(job)}: the rank they wait for may be on another node"),
+        impact=None,
+        impact_reason="sized once every node's ranks are merged: a wait and slow communication read alike on one "
+                      "node's ranks",
+        evidence={"in collectives per step, the least of the ranks here": (_ms(waited), "ms"),
+                  "its profiled step": (_ms(step), "ms"), "measured on rank": least.rank,
+                  "ranks here": ", ".join(str(r.rank) for r in job.ranks),
+                  "ranks elsewhere": ", ".join(str(r) for r in job.missing_ranks)},
+        fix=MERGE_FIX,
     )
 
 
@@ -157,15 +196,74 @@ def straggler_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> 
         return Cause(said, f"find why rank {slow.rank}'s GPU is slower: a different or throttled GPU (nvidia-smi -q -d "
                            "CLOCK,PERFORMANCE), more work on this rank (uneven batches or sequence lengths), or a "
                            "neighbour on the same GPU.", None, None, extra_compute)
-    own = next((f for f in slow.findings if f.severity != "info" and f.impact), None)
-    if own is not None:
-        return Cause(f"its own largest problem: {own.code}, {own.title}",
-                     f"fix {own.code} on rank {slow.rank} ({own.fix.rstrip('.')}), the cost of every rank's wait.",
-                     _location(own), own.code, min(wait_s, own.saving_s) if own.saving_s is not None else wait_s)
+    host = _host_cause(slow, others, wait_s)
+    if host is not None:
+        return host
+    line = _line_cause(slow, others, wait_s)
+    if line is not None:
+        return line
+    named = _own_cause(slow, wait_s)
+    if named is not None:
+        return named
     return Cause("not found in its data wait or its own findings (compare its host, GPU and code path with "
                  "the others')",
                  f"find what rank {slow.rank} does that the others do not: rank-specific work (logging, evaluation, "
                  "checkpointing on one rank), a slower GPU or host, or uneven inputs.", None, None, wait_s)
+
+
+def _host_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> Cause | None:
+    """The slow rank's host: its main thread waits for a core (other programs, or its own threads, take them) more
+    than the others' by at least half their wait."""
+    mine, theirs = slow.figures.run_delay_share, _median_of(f.run_delay_share for f in others)
+    step = slow.figures.median_step_s
+    if mine is None or step is None:
+        return None
+    extra = (mine - (theirs or 0.0)) * step
+    if extra < DATA_CAUSE_SHARE * wait_s:
+        return None
+    where = f" on {slow.figures.host}" if slow.figures.host else ""
+    said = (f"its host{where}: its main thread waits for a core {mine:.0%} of the time, the others' "
+            f"{(theirs or 0.0):.0%}")
+    return Cause(said, f"give rank {slow.rank}'s host its cores back: stop or move the other programs there (GD504 on "
+                       "that rank names them), or pin each rank to cores of its own", None, None, extra)
+
+
+def _line_cause(slow: RankRun, others: list[RankFigures], wait_s: float) -> Cause | None:
+    """A line of the script the slow rank's main thread spends longer at than the others', by at least half their
+    wait (a sleep, a log, a rank-specific branch), from the host samples of each rank's detail steps."""
+    step = slow.figures.median_step_s
+    if step is None or not slow.figures.host_lines:
+        return None
+    function = {(w.file, w.line): w.function for w, _ in slow.run.sites.host_lines}
+    theirs: dict[tuple[str, int], list[float]] = {}
+    for figures in others:
+        seen = {(file, line): share for file, line, share in figures.host_lines}
+        for file, line, _ in slow.figures.host_lines:
+            theirs.setdefault((file, line), []).append(seen.get((file, line), 0.0))
+    best = max(slow.figures.host_lines, key=lambda item: item[2] - statistics.median(theirs[(item[0], item[1])]))
+    file, line, share = best
+    other_share = statistics.median(theirs[(file, line)])
+    extra = (share - other_share) * step
+    if extra < DATA_CAUSE_SHARE * wait_s:
+        return None
+    said = (f"a line of the script: rank {slow.rank} spends {share * step * 1e3:.1f} ms a step at {file}:{line}, "
+            f"the others {other_share * step * 1e3:.1f} ms")
+    return Cause(said, f"see what {file}:{line} does on rank {slow.rank} that it does not on the others (rank-specific "
+                       "logging, evaluation, a sleep, uneven work), and make it as quick there, or move it off the "
+                       "step", Location(file, line, function.get((file, line)) or ""), None, extra)
+
+
+def _own_cause(slow: RankRun, wait_s: float) -> Cause | None:
+    """The slow rank's own largest finding, where its saving would take at least half the others' wait off its
+    step: a finding whose saving is smaller explains none of the lateness, whatever its size elsewhere."""
+    for own in slow.findings:
+        if own.severity == "info" or not own.impact or own.saving_s is None:
+            continue
+        if own.saving_s >= DATA_CAUSE_SHARE * wait_s:
+            return Cause(f"its own largest problem: {own.code}, {own.title}",
+                         f"fix {own.code} on rank {slow.rank} ({own.fix.rstrip('.')}), the cost of every rank's "
+                         "wait.", _location(own), own.code, min(wait_s, own.saving_s))
+    return None
 
 
 def _location(finding: object) -> Location | None:
@@ -234,14 +332,22 @@ def communication_exposed(job: Job, min_accumulation_share: float = 0.15, min_ex
                  "so that only the last backward() all-reduces"),
         )
         return
-    if exposed >= min_exposed_share * step_s and exposed * 1e3 >= min_exposed_ms:
+    own_step = least.median_step_s or step_s
+    exposed = min(exposed, own_step)  # medians of two quantities of the same steps: never more than the step
+    if exposed >= min_exposed_share * own_step and exposed * 1e3 >= min_exposed_ms:
+        elsewhere = job.missing_ranks
         yield Finding(
-            title=(f"Communication is exposed for {exposed * 1e3:.1f} ms of each {step_s * 1e3:.1f} ms step: "
-                   "nothing computes while the ranks all-reduce"),
-            impact=min(1.0, exposed / 2 / step_s), evidence=evidence,
-            fix=("DistributedDataParallel(..., gradient_as_bucket_view=True) and a bucket_cap_mb that overlaps more "
-                 "of the backward pass; or model.register_comm_hook(None, default_hooks.fp16_compress_hook); or more "
-                 "work per step (a larger batch per rank)"),
+            title=(f"Communication is exposed for {exposed * 1e3:.1f} ms of each {own_step * 1e3:.1f} ms step: "
+                   "nothing computes while the ranks all-reduce"
+                   + (f" (or they wait for a rank elsewhere: {missing_text(job)})" if elsewhere else "")),
+            impact=None if elsewhere else min(1.0, exposed / 2 / step_s),
+            impact_reason=("sized once every node's ranks are merged: their wait for a rank elsewhere reads as "
+                           "exposed communication here" if elsewhere else None),
+            evidence=evidence,
+            fix=(f"{MERGE_FIX}; then, if it is communication, " if elsewhere else "")
+            + ("DistributedDataParallel(..., gradient_as_bucket_view=True) and a bucket_cap_mb that overlaps more "
+               "of the backward pass; or model.register_comm_hook(None, default_hooks.fp16_compress_hook); or more "
+               "work per step (a larger batch per rank)"),
         )
 
 

@@ -33,6 +33,19 @@ class HostInfo(Record, frozen=True):
     memory_total: int | None = None
 
 
+class LaunchInfo(Record, frozen=True):
+    """A rank of a job, as its launcher said (gpudoctor.launch.ranks): its global rank, the node it ran on and the
+    job all its ranks share."""
+
+    launcher: str  # torchrun | slurm | mpirun | env
+    rank: int
+    world_size: int
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    job: str | None = None
+
+
 class GpuInfo(Record, frozen=True):
     """One GPU as NVML describes it."""
 
@@ -99,6 +112,7 @@ class Manifest(Record, frozen=True):
     cwd: str | None = None
     python: str | None = None
     host: HostInfo = HostInfo()
+    launch: LaunchInfo | None = None  # a rank of a job: which, on which node
     gpus: list[GpuInfo] = msgspec.field(default_factory=list)
     driver: str | None = None
     window: WindowSettings | None = None  # None for a bare trace, which had no gpudoctor window

@@ -160,6 +160,12 @@ def _run_torchrun(job: TorchrunJob, out: Path | None, rank_options: list[str], s
     prepared = _prepared(selection)
     outcome = run_job(job, out, rank_options)
     _say_each(outcome.message)
+    if outcome.nodes > 1:  # the ranks merged the job's report, or this node's
+        report = outcome.run_dir / "report.html"
+        _say(f"report: {report} (one of the job's ranks wrote it when the ranks it holds had ended)" if report.is_file()
+             else f"this node's ranks are in {outcome.run_dir}; `gpudoctor analyze` of every node's run directory "
+                  "merges the job's report")
+        return _Ran(outcome.run_dir, outcome.exit_status, None)
     return _Ran(outcome.run_dir, outcome.exit_status, prepared, job=True)
 
 

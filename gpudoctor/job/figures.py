@@ -88,6 +88,11 @@ class RankFigures:
     worker_cpu_per_batch_s: float | None = None  # the CPU its loader's workers spend on one batch
     loader_limit_s: float | None = None  # the shortest step its loader's workers can feed (analysis.loader_cpu)
     time: RankTime | None = None  # its step at its pace, split as its own report's budget
+    host: str | None = None  # the host it ran on
+    node_rank: int | None = None  # its node's rank, as its launcher numbered the nodes
+    run_delay_share: float | None = None  # its main thread's wait for a core, a share of the time (analysis.cpu_wait)
+    # the script's lines its main thread was seen at in the detail steps: (file, line, share of the looks)
+    host_lines: tuple[tuple[str, int, float], ...] = ()
 
     def to_json(self) -> RankJson:
         row: RankJson = {
@@ -99,6 +104,7 @@ class RankFigures:
             "worker_cpu_per_batch_s": self.worker_cpu_per_batch_s, "loader_limit_s": self.loader_limit_s,
             "steps_analysed": self.steps_analysed, "ending": self.ending,
             "exit_status": self.exit_status, "bundle": self.bundle,
+            "host": self.host, "node_rank": self.node_rank,
         }
         if self.time is not None:
             row["gpu_idle_share"] = self.time.gpu_idle_share
@@ -129,6 +135,11 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
         worker_cpu_per_batch_s=worker_cpu_per_batch_s(run), loader_limit_s=loader_limit_s(run),
         steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
         exit_status=exit_info.status if exit_info else None, bundle=bundle,
+        host=run.manifest.host.hostname,
+        node_rank=run.manifest.launch.node_rank if run.manifest.launch is not None else None,
+        run_delay_share=run.host.cpu_wait.main_thread,
+        host_lines=tuple((where.file, where.line, share) for where, share in run.sites.host_lines[:10]
+                         if where.file is not None and where.line is not None),
     )
 
 

@@ -64,11 +64,39 @@ def diagnose_job(paths: Sequence[Path], prepared: PreparedRules) -> JobDiagnosis
     if not diagnosed:
         raise BundleError(f"no rank bundle of {', '.join(map(str, paths))} can be read: "
                           + "; ".join(row["reason"] for row in unreadable))
+    unreadable += _missing_ranks(diagnosed, paths)
     job = _with_waits(Job([d.rank for d in diagnosed]))
     result = run_job_rules(job, prepared)
     merged = merged_findings(job, result, [d.found.result for d in diagnosed])
     ranks = [replace(d, rank=waiting) for d, waiting in zip(diagnosed, job.ranks)]
     return JobDiagnosis(job, ranks, result, merged, unreadable)
+
+
+def _missing_ranks(diagnosed: list[RankDiagnosis], paths: Sequence[Path]) -> list[NotMeasuredRow]:
+    """The job's ranks, as its launcher counted them, whose bundle is in none of `paths`: another node's, written
+    into its own directory, or a rank that never wrote one."""
+    worlds = [d.found.run.manifest.launch.world_size for d in diagnosed if d.found.run.manifest.launch is not None]
+    if not worlds:
+        return []
+    found = {d.rank.rank for d in diagnosed}
+    missing = sorted(set(range(max(worlds))) - found)
+    if not missing:
+        return []
+    given = " ".join(str(p) for p in paths)
+    return [{"what": f"rank{'s' if len(missing) > 1 else ''} {_ranges(missing)} of {max(worlds)}",
+             "reason": f"no bundle of {'theirs' if len(missing) > 1 else 'its'} is in {given}: another node's, "
+                       "written where that node ran, or a rank that never wrote one; `gpudoctor analyze "
+                       f"{given} OTHER_NODE_DIR ...` merges every node's ranks into the job's report"}]
+
+
+def _ranges(numbers: list[int]) -> str:
+    """'0-3, 6' for [0, 1, 2, 3, 6]."""
+    parts, start = [], numbers[0]
+    for previous, number in zip(numbers, [*numbers[1:], None]):
+        if number != previous + 1 if number is not None else True:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+            start = number if number is not None else start
+    return ", ".join(parts)
 
 
 def _linked_out(link: Path, run_dir: Path) -> NotMeasuredRow:

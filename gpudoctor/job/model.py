@@ -46,3 +46,11 @@ class Job:
 
     def rank(self, number: int) -> RankRun:
         return next(r for r in self.ranks if r.rank == number)
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        """The job's ranks, as its launcher counted them (each rank's manifest), whose bundle is not here: another
+        node's, written where that node ran; empty where the launcher said nothing."""
+        worlds = [r.run.manifest.launch.world_size for r in self.ranks if r.run.manifest.launch is not None]
+        present = {r.rank for r in self.ranks}
+        return sorted(set(range(max(worlds))) - present) if worlds else []

@@ -1,87 +1,156 @@
-"""torchrun around gpudoctor (`torchrun ... -m gpudoctor profile --out RUN train.py`): each rank is a `gpudoctor
-profile` of its own, writing RUN/rank-K/, and the last rank of the node to finish merges them into RUN's
-findings.json and report.html, as `gpudoctor profile torchrun ...` does once torchrun has ended.
+"""A launcher around gpudoctor (`torchrun ... -m gpudoctor profile --out RUN train.py`, `srun gpudoctor profile ...`,
+`mpirun ...`): each rank is a `gpudoctor profile` of its own, writing RUN/rank-K/ (K its global rank), and one rank
+merges the job's report into RUN's findings.json and report.html, as `gpudoctor profile torchrun ...` does once
+torchrun has ended.
 
-A rank says it is done (its bundle finished and analysed) with a marker in its bundle naming torchrun's agent, the
-parent every rank of this run on this node shares; the rank that finds the markers of all LOCAL_WORLD_SIZE ranks
-takes the merge, once. Rank directories of an earlier run into the same RUN, with no marker of this run, are
-replaced by this run's, as an earlier run's files are.
+A rank says it is done (its bundle finished and analysed) with a marker in its bundle naming its job (what every rank
+of it shares, gpudoctor.launch.ranks) and its host. Then:
+- where every rank of the job has its marker in RUN (one node, or several writing one shared RUN), the rank that
+  sees them all takes the job's merge, once (an exclusive lock file): the job-wide report;
+- where RUN holds only this node's ranks of the job (each node writes its own directory), the node's last rank
+  merges them: the report names the ranks that are elsewhere, and `gpudoctor analyze RUN_NODE0 RUN_NODE1 ...`
+  merges the nodes' directories into the job's report;
+- where another node's ranks of the job are in RUN and still running, the node's last rank waits for them, at most
+  JOB_WAIT_S, then merges what is there, naming the ranks missing.
+A rank directory is never removed while it may be this job's: only one whose manifest names another job (an earlier
+run into the same RUN) goes, when the merge is taken. Once written, `.merged-JOB` in RUN tells a rank of another
+node still waiting that the job's report is there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
+import time
 from pathlib import Path
 
 from gpudoctor.bundle.layout import rank_dirs
-from gpudoctor.launch.ranks import torchrun_rank
+from gpudoctor.bundle.manifest import read_manifest
+from gpudoctor.errors import GpudoctorError
+from gpudoctor.launch.ranks import LaunchedRank, launched_rank
 
 # Set by `gpudoctor profile torchrun ...` for the ranks it starts: it merges them itself when torchrun ends.
 OUTER_ENV = "GPUDOCTOR_OUTER_JOB"
 DONE = ".analysed"
+# The most a node's last rank waits for another node's ranks of the job writing the same RUN: ranks that meet in
+# collectives end within seconds of each other; one that does not (a crashed node) is named as missing.
+JOB_WAIT_S = 60.0
+POLL_S = 0.5
 
 
 def merges_itself() -> bool:
-    """Whether this `gpudoctor profile` is a rank of torchrun's whose job nobody else merges."""
-    return torchrun_rank() is not None and OUTER_ENV not in os.environ
+    """Whether this `gpudoctor profile` is a rank of a job whose report nobody else merges."""
+    return launched_rank() is not None and OUTER_ENV not in os.environ
 
 
 def merged_by_outer() -> bool:
     """Whether this `gpudoctor profile` is a rank of a job that `gpudoctor profile torchrun ...` runs: that command
     analyses every rank, once, when torchrun has ended, and writes each rank's report with the job's."""
-    return torchrun_rank() is not None and OUTER_ENV in os.environ
-
-
-def _agent() -> str:
-    return str(os.getppid())
+    return launched_rank() is not None and OUTER_ENV in os.environ
 
 
 def mark_done(rank_dir: Path) -> None:
+    me = launched_rank()
+    marker = {"job": me.job if me else None, "host": socket.gethostname(), "node": me.node_rank if me else None,
+              "agent": os.getppid()}
     try:
-        (rank_dir / DONE).write_text(_agent(), encoding="utf-8")
+        (rank_dir / DONE).write_text(json.dumps(marker), encoding="utf-8")
     except OSError:
         return
 
 
-def take_merge(job_dir: Path) -> bool:
-    """Whether this rank is the last of its node's to finish and the one to merge (then earlier runs' rank
-    directories are gone from `job_dir`)."""
-    expected = _ranks_on_node()
-    dirs = rank_dirs(job_dir, with_manifest=False)
-    ours = {rank: path for rank, path in dirs.items() if _marker(path) == _agent()}
-    if len(ours) < expected:
+def take_merge(job_dir: Path, wait_s: float = JOB_WAIT_S) -> bool:
+    """Whether this rank merges the report in `job_dir` (see the module's docstring); when it does, the rank
+    directories of another job are gone from `job_dir`."""
+    me = launched_rank()
+    if me is None:
         return False
+    if not _node_done(job_dir, me):
+        return False
+    lock, done = job_dir / f".merging-{_lock_name(me)}", job_dir / f".merged-{_lock_name(me)}"
+    deadline = time.monotonic() + wait_s
+    while (not _job_done(job_dir, me) and _others_running(job_dir, me) and not lock.exists() and not done.exists()
+           and time.monotonic() < deadline):
+        time.sleep(POLL_S)
+    if done.exists():
+        return False  # another node's rank merged the job
     try:
-        os.close(os.open(job_dir / f".merging-{_agent()}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except OSError:
         return False  # another rank took it
-    for rank, path in dirs.items():
-        if rank not in ours:
-            shutil.rmtree(path, ignore_errors=True)
+    if done.exists():
+        lock.unlink(missing_ok=True)
+        return False
+    for rank, path in rank_dirs(job_dir, with_manifest=False).items():
+        if rank >= me.world_size or _job_of(path) not in (me.job, None):
+            shutil.rmtree(path, ignore_errors=True)  # an earlier job's rank, never one of this job's
+    for earlier in job_dir.glob(".merged-*"):
+        earlier.unlink(missing_ok=True)  # an earlier job's
     return True
 
 
 def merged(job_dir: Path) -> None:
     """The merge is written: the markers and the lock go, leaving the run directory as the outer form leaves it."""
-    from gpudoctor.bundle.layout import rank_dirs
-
+    me = launched_rank()
+    if me is not None:  # what tells a rank still waiting, on another node, that the job's report is written
+        (job_dir / f".merged-{_lock_name(me)}").touch()
     for path in rank_dirs(job_dir, with_manifest=False).values():
-        (path / DONE).unlink(missing_ok=True)
-    (job_dir / f".merging-{_agent()}").unlink(missing_ok=True)
+        if me is None or _job_of(path) == me.job:
+            (path / DONE).unlink(missing_ok=True)
+    if me is not None:
+        (job_dir / f".merging-{_lock_name(me)}").unlink(missing_ok=True)
 
 
-def _marker(rank_dir: Path) -> str | None:
+def _lock_name(me: LaunchedRank) -> str:
+    return "".join(c if c.isalnum() else "-" for c in me.job)[-80:]
+
+
+def _markers(job_dir: Path, me: LaunchedRank) -> dict[int, dict[str, object]]:
+    found = {}
+    for rank, path in _ranks_of_the_size(job_dir, me).items():
+        marker = _marker(path)
+        if marker is not None and marker.get("job") == me.job:
+            found[rank] = marker
+    return found
+
+
+def _node_done(job_dir: Path, me: LaunchedRank) -> bool:
+    """Whether every rank of this node has its marker: the node told by its host and, where the launcher numbers
+    the nodes, its number (two nodes of one job may share a host)."""
+    host = socket.gethostname()
+    ours = [m for m in _markers(job_dir, me).values() if m.get("host") == host and m.get("node") == me.node_rank]
+    return len(ours) >= me.ranks_on_node
+
+
+def _job_done(job_dir: Path, me: LaunchedRank) -> bool:
+    return len(_markers(job_dir, me)) >= me.world_size
+
+
+def _others_running(job_dir: Path, me: LaunchedRank) -> bool:
+    """Whether a rank of this job that has not finished writes into `job_dir` too (a directory the nodes share)."""
+    done = _markers(job_dir, me)
+    return any(rank not in done and _job_of(path) == me.job for rank, path in _ranks_of_the_size(job_dir, me).items())
+
+
+def _ranks_of_the_size(job_dir: Path, me: LaunchedRank) -> dict[int, Path]:
+    """The rank directories this job's ranks may have written: an earlier, larger job's last ones are not."""
+    return {rank: path for rank, path in rank_dirs(job_dir, with_manifest=False).items() if rank < me.world_size}
+
+
+def _job_of(rank_dir: Path) -> str | None:
+    """The job the rank's manifest names; None where it has none (yet, or unreadable)."""
     try:
-        return (rank_dir / DONE).read_text(encoding="utf-8").strip()
-    except OSError:
+        launch = read_manifest(rank_dir).launch
+    except (GpudoctorError, OSError):
         return None
+    return launch.job if launch is not None else ""
 
 
-def _ranks_on_node() -> int:
-    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
-        try:
-            return max(1, int(os.environ[name]))
-        except (KeyError, ValueError):
-            continue
-    return 1
+def _marker(rank_dir: Path) -> dict[str, object] | None:
+    try:
+        found = json.loads((rank_dir / DONE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

@@ -46,10 +46,12 @@ from gpudoctor.bundle.manifest import (
     ExceptionInfo,
     ExitInfo,
     HostInfo,
+    LaunchInfo,
     Manifest,
     Target,
     WindowSettings,
 )
+from gpudoctor.launch.ranks import launched_rank
 
 if TYPE_CHECKING:
     from gpudoctor.launch.request import ProfileRequest
@@ -66,12 +68,22 @@ def base_manifest(request: ProfileRequest, samplers: Samplers) -> Manifest:
         host=HostInfo(hostname=socket.gethostname(), platform=platform.platform(), cpu_count=os.cpu_count(),
                       affinity=sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
                       memory_total=_total_memory()),
+        launch=_launch_info(),
         gpus=samplers.gpus, driver=samplers.driver,
         window=WindowSettings(wait=window.wait, warmup=window.warmup, active=window.active, detail=window.detail,
                               every_s=window.every_s),
         max_steps=request.max_steps, with_stack=request.with_stack, timeout_s=request.timeout_s,
         collectors=dict(samplers.collectors),
     )
+
+
+def _launch_info() -> LaunchInfo | None:
+    found = launched_rank()
+    if found is None:
+        return None
+    return LaunchInfo(launcher=found.launcher, rank=found.rank, world_size=found.world_size,
+                      local_rank=found.local_rank, local_world_size=found.local_world_size,
+                      node_rank=found.node_rank, job=found.job)
 
 
 def _total_memory() -> int | None:

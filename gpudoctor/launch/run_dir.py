@@ -15,7 +15,7 @@ from gpudoctor.bundle.layout import RANK_DIR
 from gpudoctor.collect.window import LOG
 from gpudoctor.errors import OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
 from gpudoctor.launch.inner_job import DONE
-from gpudoctor.launch.ranks import torchrun_rank
+from gpudoctor.launch.ranks import launched_rank
 
 
 def python_program(name: str) -> str | None:
@@ -65,17 +65,18 @@ def _did_you_mean(path: Path) -> str:
 
 
 def make_run_dir(out: Path | None, target_name: str) -> Path:
-    """The run directory, made and emptied of an earlier run's files. Under torchrun (`torchrun ... -m gpudoctor
-    profile ...`) each rank writes its own bundle, `rank-K/`, in the run directory its ranks share."""
-    rank = torchrun_rank()
+    """The run directory, made and emptied of an earlier run's files. As a rank of a job (`torchrun ... -m gpudoctor
+    profile ...`, `srun gpudoctor profile ...`: gpudoctor.launch.ranks) each rank writes its own bundle, `rank-K/`
+    (K its global rank), in the run directory its ranks share."""
+    launched = launched_rank()
     if out is not None:
         run_dir = out
-    elif rank is not None:  # every rank's parent is torchrun's agent: one directory for them all
-        run_dir = Path("gpudoctor-runs") / f"{target_name}-torchrun-{os.getppid()}"
+    elif launched is not None:  # every rank's parent on a node is its launcher's agent: one directory for them all
+        run_dir = Path("gpudoctor-runs") / f"{target_name}-{launched.launcher}-{os.getppid()}"
     else:
         run_dir = stamped_dir(Path("gpudoctor-runs"), target_name)
-    if rank is not None:
-        return prepare_run_dir(run_dir / f"rank-{rank}")
+    if launched is not None:
+        return prepare_run_dir(run_dir / f"rank-{launched.rank}")
     return prepare_run_dir(run_dir, replaced=_job_bundles(run_dir))
 
 
@@ -108,7 +109,7 @@ def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = (), replaced: Itera
             _remove_previous_run(directory)
         for bundle in replaced:
             shutil.rmtree(bundle)
-        probe = run_dir / ".write-test"
+        probe = run_dir / f".write-test-{os.getpid()}"  # two nodes may prepare one shared directory at once
         probe.write_text("")
         probe.unlink()
     except OSError as exc:

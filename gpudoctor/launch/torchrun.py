@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,12 +52,27 @@ class TorchrunJob:
     def name(self) -> str:
         return self.module or Path(self.script or "script").stem
 
+    @property
+    def nodes(self) -> int:
+        """The most nodes the job may run on (--nnodes N, or MIN:MAX for an elastic job); 1 when not given."""
+        value = None
+        for i, option in enumerate(self.options):
+            if option in ("--nnodes", "--nnodes_") and i + 1 < len(self.options):
+                value = self.options[i + 1]
+            elif option.startswith("--nnodes="):
+                value = option.split("=", 1)[1]
+        try:
+            return max(1, int((value or "1").split(":")[-1]))
+        except ValueError:
+            return 1
+
 
 @dataclass(frozen=True)
 class JobOutcome:
     run_dir: Path
     exit_status: int  # torchrun's own, a signal N as 128 + N
     message: str | None  # one sentence when torchrun failed: which ranks, and how
+    nodes: int = 1  # a job of several nodes: its ranks merge its report themselves, none is made here
 
 
 def is_torchrun(script: str | None, module: str | None) -> bool:
@@ -138,14 +154,37 @@ def run_job(job: TorchrunJob, out: Path | None, rank_options: list[str],
     The command is kept in the run directory (JOB_COMMAND), for `gpudoctor try` to run the job again."""
     if job.script is not None:
         check_script(job.script)  # once here, rather than once per rank
-    run_dir = make_job_dir(out, job.name)
     command = JobCommand(job, rank_options, os.getcwd())
+    if job.nodes > 1:
+        return _run_node(job, out, command, rank_options, output_log)
+    run_dir = make_job_dir(out, job.name)
     write_json_atomic(run_dir / JOB_COMMAND, command.as_recorded())
     write_record(run_dir, job_command(command.as_recorded(), command.cwd))  # what `gpudoctor try` may run again
     agent = start(rank_command(job, run_dir, rank_options), {**os.environ, OUTER_ENV: "1"}, output_log)
     returncode = _AgentSupervisor(agent, None).wait()
     status = exit_status_of(returncode)
     return JobOutcome(run_dir, status, None if returncode == 0 else failure_sentence(run_dir, returncode))
+
+
+def node_command_file() -> str:
+    """Where one node of a job of several keeps its torchrun command: its own file, never another node's."""
+    return f"torchrun-{socket.gethostname()}-{os.getpid()}.json"
+
+
+def _run_node(job: TorchrunJob, out: Path | None, command: JobCommand, rank_options: list[str],
+              output_log: Path | None) -> JobOutcome:
+    """One node of a job of several (`--nnodes`): the run directory may be another node's too (a shared --out), so
+    nothing in it is emptied here (each rank empties its own rank-K/), the command is kept in this node's own file,
+    and the ranks merge the job's report themselves (gpudoctor.launch.inner_job): the last rank to end, once every
+    rank has, or each node's own where the nodes write their own directories."""
+    run_dir = out if out is not None else stamped_dir(Path("gpudoctor-runs"), f"{job.name}-torchrun")
+    run_dir = prepare_run_dir(run_dir)
+    write_json_atomic(run_dir / node_command_file(), command.as_recorded())
+    agent = start(rank_command(job, run_dir, rank_options), dict(os.environ), output_log)
+    returncode = _AgentSupervisor(agent, None).wait()
+    status = exit_status_of(returncode)
+    return JobOutcome(run_dir, status, None if returncode == 0 else failure_sentence(run_dir, returncode),
+                      nodes=job.nodes)
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ class _RankFields(TypedDict):
     ending: str | None
     exit_status: int | None
     bundle: str
+    host: str | None  # the host it ran on
+    node_rank: int | None  # its node, as its launcher numbered the nodes
 
 
 class RankJson(_RankFields, total=False):

@@ -70,11 +70,27 @@ def _environment() -> jinja2.Environment:
     env.globals["profiler_cost_shown"] = profiler_cost_shown
     env.globals["throughput_text"] = throughput_text
     env.globals["cpu_wait_text"] = cpu_wait_text
+    env.globals["nodes_shown"] = nodes_shown
+    env.globals["node_text"] = node_text
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
     env.globals.update(step_bars=svg.step_bars, timeline=svg.timeline, kernel_histogram=svg.kernel_histogram)
     return env
+
+
+def nodes_shown(ranks: list[Any]) -> bool:
+    """Whether a job's ranks ran on more than one host or node: then the ranks table says where each ran."""
+    places = {(r["figures"].get("host"), r["figures"].get("node_rank")) for r in ranks}
+    return len(places) > 1
+
+
+def node_text(figures: Mapping[str, Any]) -> str:
+    """'node 1 (gpu-b07)', 'gpu-b07', or '—'."""
+    host, node = figures.get("host"), figures.get("node_rank")
+    if node is not None:
+        return f"node {node}" + (f" ({host})" if host else "")
+    return host or "—"
 
 
 def _code_spans(text: str) -> Markup:

@@ -158,9 +158,17 @@ def diagnosed_run(run_dir: Path, step_s: float | None) -> Diagnosed:
     first = min(ranks.items())[1]
     if command is not None:
         return Diagnosed(run_dir, read_manifest(first), step_s, command)
-    if any((bundle / DONE).exists() for bundle in ranks.values()):  # torchrun around gpudoctor: the user's command
-        raise BundleError(f"{run_dir} is a job that torchrun started around gpudoctor, whose command gpudoctor does "
-                          "not know: profile it as `gpudoctor profile --try-fixes torchrun ...` to try its fixes")
+    first_manifest = read_manifest(first)
+    if first_manifest.launch is not None and first_manifest.launch.world_size > len(ranks):
+        raise BundleError(f"{run_dir} holds {len(ranks)} of the job's {first_manifest.launch.world_size} ranks, the "
+                          "others ran on other nodes: gpudoctor tries a job's fixes by running the whole job again, "
+                          "which it can do only for a job of one node")
+    if first_manifest.launch is not None or any((bundle / DONE).exists() for bundle in ranks.values()):
+        # a launcher around gpudoctor (torchrun, srun, mpirun): the user's command, which gpudoctor does not know
+        who = first_manifest.launch.launcher if first_manifest.launch is not None else "torchrun"
+        raise BundleError(f"{run_dir} is a job that {who} started around gpudoctor, whose command gpudoctor does "
+                          "not know: profile it as "
+                          "`gpudoctor profile --try-fixes torchrun ...` to try its fixes")
     launcher = run_dir / LAUNCHER_DIR
     if launcher.exists() and not inside(run_dir, launcher):
         raise leads_out(run_dir, launcher)

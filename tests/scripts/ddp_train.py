@@ -1,10 +1,14 @@
 """Data-parallel training on the CPU with the gloo backend, as torchrun starts it: one process per rank.
 
 --evaluate-on-rank0 N: rank 0 alone first calls the model N times under no_grad, as nanoGPT's master process
-evaluates before training while the other ranks wait for it in their first all-reduce.
+evaluates before training while the other ranks wait for it in their first all-reduce. --slow-rank R --slow-s S:
+rank R sleeps S seconds in each step (a straggler the others wait for). --init slurm: the process group is built
+from Slurm's task variables (SLURM_PROCID, SLURM_NTASKS), as a script launched by `srun` builds it.
 """
 
 import argparse
+import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -17,8 +21,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--evaluate-on-rank0", type=int, default=0)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-s", type=float, default=0.0)
+    parser.add_argument("--init", choices=("env", "slurm"), default="env")
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    if args.init == "slurm":
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+                                rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
@@ -29,6 +40,8 @@ def main() -> None:
                 model(torch.randn(16, 32))
     for _ in range(args.steps):
         inputs, targets = torch.randn(16, 32), torch.randint(0, 4, (16,))
+        if rank == args.slow_rank:
+            time.sleep(args.slow_s)  # SLOW
         loss = nn.functional.cross_entropy(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()  # the gradients' all-reduce runs here, over gloo

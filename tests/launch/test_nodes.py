@@ -1,0 +1,131 @@
+"""A job of several nodes, simulated on one host: two torchrun commands of one rendezvous (`--nnodes 2`), each a
+"node" of one rank, and Slurm's `srun` tasks; one shared --out, or one per node. No bundle is lost, each rank's
+node is recorded, one rank writes the job's report once every rank has ended, and the straggler on the other node
+is named with the line that makes it late."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RUN_TIMEOUT_S, WINDOW, Gpudoctor, checked_findings, env_with, script
+
+pytestmark = pytest.mark.e2e
+
+STEPS = ("--steps", "24")
+# enough analysed steps to compare the ranks step by step, and detail steps whose host samples name lines
+NODE_WINDOW = ("--wait-steps", "2", "--warmup-steps", "1", "--active-steps", "8", "--detail-steps", "3")
+SLOW = ("--slow-rank", "1", "--slow-s", "0.03")  # rank 1, on node 1, sleeps 30 ms a step
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _line_of(path: str, marker: str) -> int:
+    return next(n for n, text in enumerate(Path(path).read_text().splitlines(), 1) if f"# {marker}" in text)
+
+
+def _two_nodes(gd: Gpudoctor, outs: tuple[str, str], *script_args: str) -> list[subprocess.CompletedProcess[str]]:
+    """Two torchrun commands, one rank each, meeting at one c10d rendezvous: the job's two nodes."""
+    port = _free_port()
+    commands = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                 "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "nodes-test",
+                 "-m", "gpudoctor", "profile", "--out", out, *NODE_WINDOW, script("ddp_train.py"), *script_args]
+                for out in outs]
+    started = [subprocess.Popen(c, cwd=gd.cwd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for c in commands]
+    done = []
+    for process in started:
+        out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, out, err))
+    return done
+
+
+def _straggler(findings: dict) -> dict:
+    [found] = [f for f in findings["findings"] if f["code"] == "GD601"]
+    return found
+
+
+def test_two_nodes_writing_one_directory_lose_nothing_and_name_the_straggler_on_the_other_node(
+        gd: Gpudoctor) -> None:
+    ran = _two_nodes(gd, ("run", "run"), *STEPS, *SLOW)
+    for result in ran:
+        assert result.returncode == 0, result.stderr[-3000:]
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    rows = merged["run"]["ranks"]
+    assert [r["rank"] for r in rows] == [0, 1] and sorted(r["node_rank"] for r in rows) == [0, 1]
+    for rank in (0, 1):
+        assert (gd.cwd / "run" / f"rank-{rank}" / "report.html").is_file()
+    assert not [p.name for p in (gd.cwd / "run").iterdir() if p.name.startswith(".merging")]
+    straggler = _straggler(merged)
+    assert straggler["title"].startswith("Rank 1 holds back the others")
+    cause = next(e["value"] for e in straggler["evidence"] if e["name"] == "cause")
+    line = _line_of(script("ddp_train.py"), "SLOW")
+    assert cause.startswith("a line of the script") and f"ddp_train.py:{line}" in cause, cause
+    assert straggler["location"]["line"] == line
+    # one summary of the job on the terminals, by the one rank that wrote the job's report
+    assert sum(r.stderr.count("gpudoctor: 2 ranks;") for r in ran) == 1
+    page = (gd.cwd / "run" / "report.html").read_text()
+    assert "<th>Node</th>" not in page or "node 1" in page
+
+
+def test_nodes_writing_their_own_directories_point_at_the_merge_which_names_the_straggler(gd: Gpudoctor) -> None:
+    ran = _two_nodes(gd, ("node0", "node1"), *STEPS, *SLOW)
+    for result in ran:
+        assert result.returncode == 0, result.stderr[-3000:]
+    own = checked_findings(gd.cwd / "node0" / "findings.json")
+    assert [r["rank"] for r in own["run"]["ranks"]] == [0]
+    page = (gd.cwd / "node0" / "report.html").read_text()
+    assert "rank 1 of 2" in page and "gpudoctor analyze" in page  # what is not here, and the command that merges
+    assert not [f for f in own["findings"] if f["code"] == "GD601" and f["title"].startswith("Rank 0 holds back")]
+    merged = gd.run("analyze", "node0", "node1", "--out", "job")
+    assert merged.returncode == 0, merged
+    job = checked_findings(gd.cwd / "job" / "findings.json")
+    assert [r["rank"] for r in job["run"]["ranks"]] == [0, 1]
+    assert _straggler(job)["title"].startswith("Rank 1 holds back the others")
+
+
+def test_srun_tasks_write_their_own_ranks_and_one_merges_them(gd: Gpudoctor) -> None:
+    """`srun -n 2 gpudoctor profile --out run train.py`: each task a rank of its own, by SLURM_PROCID."""
+    port = str(_free_port())
+    tasks = []
+    for task in (0, 1):
+        env = env_with(SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID=str(task), SLURM_NTASKS="2",
+                       SLURM_LOCALID=str(task), SLURM_NODEID="0", SLURM_NNODES="1", SLURM_STEP_TASKS_PER_NODE="2",
+                       MASTER_PORT=port)
+        tasks.append(subprocess.Popen([*gd.command("profile", "--out", "run", *WINDOW, script("ddp_train.py"),
+                                                    "--init", "slurm", "--steps", "8")],
+                                      cwd=gd.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for task in tasks:
+        _, err = task.communicate(timeout=RUN_TIMEOUT_S)
+        assert task.returncode == 0, err[-3000:]
+    merged = checked_findings(gd.cwd / "run" / "findings.json")
+    assert [r["rank"] for r in merged["run"]["ranks"]] == [0, 1]
+    launch = [checked_findings(gd.cwd / "run" / f"rank-{k}" / "findings.json") for k in (0, 1)]
+    assert all(doc["run"]["steps_total"] == 8 for doc in launch)
+
+
+def test_the_outer_form_on_two_nodes_keeps_each_nodes_command_and_every_rank(gd: Gpudoctor) -> None:
+    """`gpudoctor profile --out run torchrun --nnodes 2 ...` on each node, one shared --out: neither node empties
+    the other's ranks, each keeps its own torchrun command, and the ranks merge the job's report."""
+    port = _free_port()
+    commands = [gd.command("profile", "--out", "run", *NODE_WINDOW, "torchrun", "--nnodes", "2",
+                           "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                           "--rdzv_id", "outer-test", script("ddp_train.py"), *STEPS, *SLOW) for _ in range(2)]
+    started = [subprocess.Popen(c, cwd=gd.cwd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for c in commands]
+    errors = [p.communicate(timeout=RUN_TIMEOUT_S)[1] for p in started]
+    assert [p.returncode for p in started] == [0, 0], [e[-2000:] for e in errors]
+    run = gd.cwd / "run"
+    assert len(list(run.glob("torchrun-*.json"))) == 2 and not (run / "torchrun.json").exists()
+    merged = checked_findings(run / "findings.json")
+    assert [r["rank"] for r in merged["run"]["ranks"]] == [0, 1]
+    assert _straggler(merged)["title"].startswith("Rank 1 holds back the others")
+    assert sum("report: " in e for e in errors) >= 1
