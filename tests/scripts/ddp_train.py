@@ -2,8 +2,9 @@
 
 --evaluate-on-rank0 N: rank 0 alone first calls the model N times under no_grad, as nanoGPT's master process
 evaluates before training while the other ranks wait for it in their first all-reduce. --slow-rank R --slow-s S:
-rank R sleeps S seconds in each step (a straggler the others wait for). --init slurm: the process group is built
-from Slurm's task variables (SLURM_PROCID, SLURM_NTASKS), as a script launched by `srun` builds it.
+rank R sleeps S seconds in each step (a straggler the others wait for). --init slurm (or ompi): the process group is
+built from Slurm's task variables (SLURM_PROCID, SLURM_NTASKS), as a script launched by `srun` builds it (or from
+Open MPI's, OMPI_COMM_WORLD_RANK and _SIZE, as one `mpirun` launches).
 """
 
 import argparse
@@ -23,11 +24,13 @@ def main() -> None:
     parser.add_argument("--evaluate-on-rank0", type=int, default=0)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-s", type=float, default=0.0)
-    parser.add_argument("--init", choices=("env", "slurm"), default="env")
+    parser.add_argument("--init", choices=("env", "slurm", "ompi"), default="env")
     args = parser.parse_args()
-    if args.init == "slurm":
+    if args.init in ("slurm", "ompi"):
+        rank_of, size_of = {"slurm": ("SLURM_PROCID", "SLURM_NTASKS"),
+                            "ompi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")}[args.init]
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
-                                rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
+                                rank=int(os.environ[rank_of]), world_size=int(os.environ[size_of]))
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
