@@ -29,6 +29,7 @@ from gpudoctor.cli.app import (
     app,
 )
 from gpudoctor.errors import EXIT_FINDINGS, InputNotFoundError
+from gpudoctor.ui.terminal import terminal_safe
 from gpudoctor.vocabulary import DIFF_FORMATS
 
 # The commands import the analysis, the engine and the report when they run, not here: `gpudoctor --help` and a
@@ -103,9 +104,10 @@ def diff(
     """Compare two runs: median steps, speed-up, and the findings resolved, new and remaining."""
     from gpudoctor.pipeline.diffing import diff_text, write_file
 
-    text = diff_text(before, after, tuple(rules or ()), _diff_format(output_format, out), progress=sys.stderr)
-    if out is None:
-        print(text, end="")
+    chosen = _diff_format(output_format, out)
+    text = diff_text(before, after, tuple(rules or ()), chosen, progress=sys.stderr)
+    if out is None:  # the text for a reader: no control character of the runs compared reaches the terminal
+        print(terminal_safe(text) if chosen == "text" else text, end="")
         return
     write_file(out, text)
     _say(f"wrote the comparison to {out}.")

@@ -3,7 +3,6 @@ they share (messages, formats, --fail-on, and the calls into gpudoctor.pipeline 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,6 +10,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from gpudoctor.errors import GpudoctorError
+from gpudoctor.ui import terminal
 from gpudoctor.vocabulary import SEVERITIES
 
 # The analysis, the rule engine and the report are imported where they are used, not here: `gpudoctor profile`
@@ -157,7 +157,7 @@ ANALYZE_HELP = ("Re-analyse a run directory, or analyse a Chrome trace that torc
 
 
 def _say(message: str) -> None:
-    print(f"gpudoctor: {message}", file=sys.stderr)
+    terminal.write(f"gpudoctor: {message}")
 
 
 def _say_each(*messages: str | None) -> None:
@@ -234,4 +234,4 @@ def _write(diagnosis: Diagnosis, out_dir: Path, formats: tuple[str, ...]) -> Non
 
     written = write(diagnosis, out_dir, formats, say=_say)
     if written.summary is not None:
-        print(written.summary, file=sys.stderr, end="")
+        terminal.write(written.summary, end="")

@@ -39,6 +39,7 @@ from gpudoctor.launch.torchrun import rank_command
 from gpudoctor.remedy import Remedy
 from gpudoctor.trying.settings import TrySettings
 from gpudoctor.trying.tries import TRIES_DIR, Diagnosed, cannot_try, chosen, diagnosed_run
+from gpudoctor.ui import terminal
 
 YES = ("y", "yes")
 
@@ -155,7 +156,7 @@ def _show(run_dir: Path, command: TryCommand, provenance: Provenance, fixes: dic
     _say(f"each try runs this command again, with one fix applied ({codes}):")
     for name, lines in rows:
         for i, line in enumerate(lines):
-            print(f"  {name + ':' if i == 0 else '':<15}{line}", file=sys.stderr)
+            terminal.write(f"  {name + ':' if i == 0 else '':<15}{line}")
 
 
 def _refuse(run_dir: Path, command: TryCommand, provenance: Provenance) -> None:
@@ -199,4 +200,4 @@ def _again(run_dir: Path) -> str:
 
 
 def _say(message: str) -> None:
-    print(f"gpudoctor: {message}", file=sys.stderr)
+    terminal.write(f"gpudoctor: {message}")
