@@ -37,6 +37,10 @@ class OutputNotWritableError(GpudoctorError):
     exit_status = EXIT_CANT_CREATE
 
 
+class OutputInUseError(OutputNotWritableError):
+    """--out is the run directory another `gpudoctor profile` records into now."""
+
+
 class InputNotFoundError(GpudoctorError):
     exit_status = EXIT_NO_INPUT
 

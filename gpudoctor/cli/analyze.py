@@ -28,7 +28,7 @@ from gpudoctor.cli.app import (
     _write,
     app,
 )
-from gpudoctor.errors import EXIT_FINDINGS, InputNotFoundError
+from gpudoctor.errors import EXIT_FINDINGS, BundleError, InputNotFoundError
 from gpudoctor.ui.terminal import terminal_safe
 from gpudoctor.vocabulary import DIFF_FORMATS
 
@@ -56,6 +56,7 @@ def analyze(
     for path in paths:
         if not path.exists():
             raise InputNotFoundError(f"{path} does not exist.")
+        _refuse_if_recording(path)
     pipeline.refuse_project_inside(paths)
     prepared = _prepare(_selection(rules, select, ignore, rule_option, rule_timeout))
     inputs, chosen = pipeline.analysis_inputs(paths)  # a TensorBoard directory's newest trace, said in one sentence
@@ -64,6 +65,17 @@ def analyze(
     _write(diagnosis, out or diagnosis.out_dir, formats)
     if _fails(diagnosis, fail_on):
         raise typer.Exit(EXIT_FINDINGS)
+
+
+def _refuse_if_recording(path: Path) -> None:
+    """A run directory (or a job's rank) a `gpudoctor profile` still records into: its report comes when it ends."""
+    from gpudoctor.launch.recording import recorder
+
+    for run_dir in (path, *sorted(path.glob("rank-*"))) if path.is_dir() else ():
+        found = recorder(run_dir)
+        if found is not None:
+            raise BundleError(f"{run_dir} is still being recorded by gpudoctor profile (pid {found[0]}, started "
+                              f"{found[1]}): its report is written when that run ends; analyze it then.")
 
 
 DIFF_HELP = """Did the fix work? Compare two runs: the median step of each, the speed-up (before / after), and each

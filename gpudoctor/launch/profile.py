@@ -24,6 +24,7 @@ from gpudoctor.launch import followed, prestart
 from gpudoctor.launch.ending import describe_ending
 from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
 from gpudoctor.launch.ranks import torchrun_rank
+from gpudoctor.launch.recording import claim, release
 from gpudoctor.launch.request import ProfileRequest
 from gpudoctor.launch.run_dir import check_script, make_run_dir
 from gpudoctor.launch.supervisor import Supervisor, start
@@ -49,6 +50,14 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
     if request.script is not None:
         check_script(request.script)
     run_dir = make_run_dir(request.out, request.target_name)
+    claim(run_dir)  # a second `gpudoctor profile` into it is refused while this one records (launch.recording)
+    try:
+        return _profile_into(run_dir, request, meanwhile)
+    finally:
+        release(run_dir)
+
+
+def _profile_into(run_dir: Path, request: ProfileRequest, meanwhile: Callable[[], None] | None) -> ProfileOutcome:
     config = ChildConfig(run_dir=str(run_dir), window=request.window, max_steps=request.max_steps,
                          with_stack=request.with_stack,
                          remedy=request.remedy.to_json() if request.remedy is not None else None)

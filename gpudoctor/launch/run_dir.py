@@ -13,9 +13,10 @@ from pathlib import Path
 from gpudoctor.bundle import EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, trace_names
 from gpudoctor.bundle.layout import RANK_DIR
 from gpudoctor.collect.window import LOG
-from gpudoctor.errors import OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
+from gpudoctor.errors import OutputInUseError, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
 from gpudoctor.launch.inner_job import DONE
 from gpudoctor.launch.ranks import launched_rank
+from gpudoctor.launch.recording import recorder
 
 
 def python_program(name: str) -> str | None:
@@ -76,8 +77,20 @@ def make_run_dir(out: Path | None, target_name: str) -> Path:
     else:
         run_dir = stamped_dir(Path("gpudoctor-runs"), target_name)
     if launched is not None:
-        return prepare_run_dir(run_dir / f"rank-{launched.rank}")
+        run_dir = run_dir / f"rank-{launched.rank}"
+        _refuse_if_recording(run_dir)
+        return prepare_run_dir(run_dir)
+    _refuse_if_recording(run_dir)
     return prepare_run_dir(run_dir, replaced=_job_bundles(run_dir))
+
+
+def _refuse_if_recording(run_dir: Path) -> None:
+    """Before anything in it is emptied: another `gpudoctor profile` records into `run_dir` now."""
+    found = recorder(run_dir)
+    if found is not None:
+        pid, started = found
+        raise OutputInUseError(f"{run_dir} is where another gpudoctor profile (pid {pid}, started {started}) is "
+                               "recording now; the script was not run: choose another directory with --out.")
 
 
 def _job_bundles(run_dir: Path) -> list[Path]:
