@@ -216,8 +216,9 @@ def cpu_contention(run: Run, min_other_cores: float = 0.5, busy_host_share: floa
     evidence |= cpu_wait_evidence(run.host.cpu_wait)
     yield Finding(
         f"Other processes use {other:.1f} of {cores} cores while the host is {busy:.0%} busy",
-        impact=_contention_share(run, other / cores, delay, min(1.0, other / busy_cores)),
-        impact_reason="no step data to estimate from",
+        impact=_contention_share(run, other / cores, delay, min(1.0, other / busy_cores)) if run.steps else None,
+        impact_reason="no step to estimate from: the run ended before its first step" if not run.steps
+        else "no step data to estimate from",
         evidence=evidence,
         fix="stop or move the other programs, or give the job its own cores (taskset, cgroups)",
     )

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -60,6 +61,13 @@ def _processes_only_in_e2e(request: pytest.FixtureRequest, monkeypatch: pytest.M
 # A small profiling window, so that a trace is written after a handful of steps.
 WINDOW = ("--wait-steps", "1", "--warmup-steps", "1", "--active-steps", "2", "--detail-steps", "1")
 RUN_TIMEOUT_S = 180  # a test that hangs fails instead of blocking the suite
+
+
+def default_sigint() -> None:
+    """In a gpudoctor the tests start: Ctrl-C's default disposition, as a terminal gives it. A suite started in the
+    background of a non-interactive shell inherits SIGINT ignored, and gpudoctor, like the script, keeps what it
+    inherits: the tests of Ctrl-C would then test nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def script(name: str) -> str:
@@ -148,7 +156,7 @@ class Gpudoctor:
     def run(self, *args: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S) -> Result:
         done = subprocess.run(
             self.command(*args), cwd=self.cwd, env=env or env_with(), stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True, text=True, timeout=timeout, preexec_fn=default_sigint,
         )
         return Result(done.returncode, done.stdout, done.stderr, _run_dir_of(args, done.stderr, self.cwd))
 
@@ -163,6 +171,7 @@ class Gpudoctor:
         return subprocess.Popen(
             self.command(*args), cwd=self.cwd, env=env or env_with(), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=default_sigint,  # noqa: PLW1509 - one signal call, safe between fork and exec
         )
 
 

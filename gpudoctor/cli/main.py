@@ -44,6 +44,20 @@ def _root(version: Annotated[bool, typer.Option(
     pass
 
 
+def _usage_sentence(exc: _ClickException) -> str:
+    """A usage error as one sentence, with the command's usage: 'give a script to run, or -m MODULE. Usage: gpudoctor
+    profile [OPTIONS] SCRIPT [ARGS]... (`gpudoctor profile --help` says more).'"""
+    message = exc.format_message().rstrip()
+    message = message.removeprefix("Invalid value: ")
+    if not message.endswith((".", "?", "!")):
+        message += "."
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return message
+    usage = " ".join(ctx.get_usage().split())
+    return f"{message} {usage} (`{ctx.command_path} --help` says more)."
+
+
 def main() -> None:
     if sys.argv[1:2] == ["profile"]:
         from gpudoctor.launch import prestart
@@ -62,7 +76,7 @@ def main() -> None:
         _say("aborted.")
         sys.exit(130)
     except _ClickException as exc:  # usage errors
-        exc.show()
+        _say(_usage_sentence(exc))
         sys.exit(exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - a bug in gpudoctor: one line, the traceback and EXIT_INTERNAL
         _say(f"internal error: {type(exc).__name__}: {exc}. Please report it with the traceback below.")

@@ -157,6 +157,16 @@ def test_contention_never_promises_a_step_faster_than_the_jobs_own_work(tmp_path
     assert "throttled by a CPU limit" not in evidence  # not readable here: no figure
 
 
+def test_contention_in_a_run_that_ended_before_its_first_step_gives_no_saving(tmp_path) -> None:
+    """A run interrupted before its first step once said GD504 "fix saves ~67%" of a step it never took."""
+    b = BundleBuilder(tmp_path)
+    b.env(cores=2)
+    b.process(0.5, run_delay_share=0.4)
+    b.host_samples(other_cores=1.5)
+    [finding] = run_rule("GD504", b.build())
+    assert finding["impact"] is None and "before its first step" in finding["impact_reason"]
+
+
 def test_a_waiting_host_costs_nothing_while_the_gpu_is_busy(tmp_path) -> None:
     finding = run_rule("GD504", contended(tmp_path, gpu_busy_s=0.1).build())
     assert len(finding) == 1 and finding[0]["impact"] == pytest.approx(0.0, abs=0.01)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,13 +13,17 @@ from gpudoctor.collect.pauses import PauseWatch
 from gpudoctor.collect.recorder import Recorder
 
 
-def test_ctrl_c_in_the_collections_callback_still_stops_the_script(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctrl_c_in_the_collections_callback_still_stops_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   request: pytest.FixtureRequest) -> None:
     """`gpudoctor profile --timeout 2` of a script that allocates in a loop: the SIGINT came while Python ran the
     callback gpudoctor gives the garbage collector, which prints and drops what a callback raises ("Exception
     ignored in ... _on_gc ... KeyboardInterrupt"), and the script would have run on. The interrupt reaches the
     script's own code once the callback has returned."""
     watch = PauseWatch(Recorder(ChildConfig(run_dir=str(tmp_path))))
+    # Python's own handler of Ctrl-C, as a script on a terminal has it: a test suite started in the background
+    # inherits SIGINT ignored, and the interrupt handed back to the script would then do nothing
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
     def interrupted() -> float:
         raise KeyboardInterrupt  # where the signal's handler would raise it

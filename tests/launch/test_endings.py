@@ -51,7 +51,8 @@ def _assert_nothing_written(gd: Gpudoctor) -> None:
 def test_usage_errors(gd: Gpudoctor, args: tuple[str, ...]) -> None:
     result = gd.run(*args)
     assert result.returncode == 2, result
-    assert "Error: " in result.stderr and "Usage: " in result.stderr
+    [said] = result.stderr.splitlines()  # one sentence, gpudoctor's own, with the command's usage in it
+    assert said.startswith("gpudoctor: ") and " Usage: " in said and "--help` says more" in said
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
     _assert_nothing_written(gd)
 
