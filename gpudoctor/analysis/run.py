@@ -44,7 +44,7 @@ from gpudoctor.bundle.confined import bundle_file
 from gpudoctor.bundle.events import AnyEvent, FlopsEvent, StepEvent, StepLessGilEvent, StepSourceEvent, WindowEvent
 from gpudoctor.bundle.manifest import Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
-from gpudoctor.errors import TraceNotJsonError
+from gpudoctor.errors import BundleError, TraceNotJsonError
 
 __all__ = ["MOVED", "NotEvaluated", "Run", "RunNameMoved"]
 
@@ -140,7 +140,12 @@ class Run:
 
     @property
     def trace(self) -> TraceData | None:
-        return self._trace_read[0]
+        """The trace, read once: a read that failed fails again at once, never read anew (a gzip bomb once took
+        each of the 23 rules its own two minutes)."""
+        trace, _, failed = self._trace_read
+        if failed is not None:
+            raise failed
+        return trace
 
     @property
     def trace_error(self) -> str | None:
@@ -148,17 +153,19 @@ class Run:
         return self._trace_read[1]
 
     @cached_property
-    def _trace_read(self) -> tuple[TraceData | None, str | None]:
-        """The trace, or why a run bundle's trace was left out: its report is then made from its events and
-        samples. A trace analysed alone that is not JSON has nothing else: that raises."""
+    def _trace_read(self) -> tuple[TraceData | None, str | None, BundleError | None]:
+        """The trace, or why a run bundle's trace was left out (its report is then made from its events and
+        samples), or the error reading it raised: a trace analysed alone that is not JSON has nothing else."""
         if not self._trace_path:
-            return None, None
+            return None, None, None
         try:
-            return parse_trace(self._trace_path, self.trace_progress), None
+            return parse_trace(self._trace_path, self.trace_progress), None, None
         except TraceNotJsonError as exc:
             if self.trace_only:
-                raise
-            return None, str(exc)
+                return None, None, exc
+            return None, str(exc), None
+        except BundleError as exc:
+            return None, None, exc
 
     # -- the views ---------------------------------------------------------------------------------
     @cached_property

@@ -32,6 +32,7 @@ from gpudoctor.bundle.trace_file import inflated_cap, inflating_too_far, not_gzi
 # -- reading a big trace in chunks -----------------------------------------------------------------
 CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size (4 MB cost 12 MB
 # more peak memory on a 151 MB trace of GPU ops, and no less time)
+_KEY_OVERLAP = 256  # how far back a search of the next block starts: the key and the blanks around it
 _HEADER_MAX = 64 << 20  # the top-level keys before traceEvents (deviceProperties, ...) are small
 _WS = b" \t\r\n"
 _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
@@ -208,22 +209,28 @@ class TraceStream:
             yield events
 
     def _read_header(self, chunks: Iterator[bytes]) -> tuple[bytes, int]:
-        """Read up to the '[' that opens traceEvents (or the whole trace, for a bare list of events)."""
-        buf = b""
+        """Read up to the '[' that opens traceEvents (or the whole trace, for a bare list of events). Each block is
+        appended and searched once (a header that never ends, a gzip bomb's zeros, costs its length, not its
+        square), up to _HEADER_MAX."""
+        buf, searched, begun = bytearray(), 0, False
         for block in chunks:
-            if not (buf + block).strip(_WS):  # blanks before the trace: nothing to keep
-                buf = b""
-                continue
-            buf = (buf + block).removeprefix(b"\xef\xbb\xbf")
-            start = len(buf) - len(buf.lstrip(_WS))
-            if buf[start:start + 1] == b"[":
-                self._top = "list"
-                return buf, start + 1
-            key = _EVENTS_KEY.search(buf)
+            if not begun:
+                first = block.removeprefix(b"\xef\xbb\xbf").lstrip(_WS)
+                if not first:  # blanks before the trace: nothing to keep
+                    continue
+                begun = True
+                if first[:1] == b"[":
+                    self._top = "list"
+                    return first, 1
+                buf += first
+            else:
+                buf += block
+            key = _EVENTS_KEY.search(buf, max(0, searched - _KEY_OVERLAP))
+            searched = len(buf)
             if key is not None and key.end() < len(buf):
                 if buf[key.end()] != 0x5B:  # '['
                     raise TraceNotStreamable("traceEvents is not a list")
-                head = buf[:key.start()].rstrip(_WS)
+                head = bytes(buf[:key.start()]).rstrip(_WS)
                 try:
                     meta = _loads(head[:-1] + b"}") if head.endswith(b",") else {}
                 except ValueError:
@@ -232,7 +239,7 @@ class TraceStream:
                     raise TraceNotStreamable("unexpected header")
                 self.meta.update(meta)
                 self._top = "object"
-                return buf, key.end() + 1
+                return bytes(buf), key.end() + 1
             if len(buf) > _HEADER_MAX:
                 break
         raise TraceNotStreamable("no traceEvents list near the start")

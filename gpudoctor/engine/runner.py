@@ -86,6 +86,7 @@ def run_rules(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptio
     """Run each rule alone (engine.isolation): one that fails becomes an error row; one missing its data,
     not_evaluated; the others still run."""
     declared = [r for r in as_rules(rules) if r.scope == "run"]  # a job's rules run on the merged ranks
+    _ = run.trace  # read before any rule's time is counted: reading it is nobody's rule time; a failed read raises
     found = evaluate_rules(run, declared, options or {}, limits or RuleLimits())
     claims = {r.code: r.claims for r in declared if r.claims}
     # Negligible findings are `info` before the shares are handed out, so that one does not take a share from a

@@ -298,3 +298,29 @@ def test_trace_progress_draws_only_on_a_terminal_and_clears_its_line() -> None:
     progress(25, 100)
     progress.close()
     assert "reading the trace:  25% (0 of 0 MB)" in out.getvalue() and out.getvalue().endswith("\r\x1b[2K")
+
+
+def test_a_trace_that_cannot_be_read_is_read_once_and_before_any_rule(tmp_path, monkeypatch) -> None:
+    """A received trace that is no JSON (a gzip bomb's zeros, once) was read again by each of 23 rules, inside each
+    one's time limit: now one read, before the rules, whose error is the analysis's one sentence."""
+    from gpudoctor.analysis import run as run_module
+    from gpudoctor.analysis.run import Run
+    from gpudoctor.engine import builtin_rules, run_rules
+    from gpudoctor.errors import BundleError
+
+    reads = []
+    real = run_module.parse_trace
+
+    def counted(*args, **kwargs):
+        reads.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "parse_trace", counted)
+    bad = tmp_path / "trace.json"
+    bad.write_bytes(b"\0" * 4096)
+    run = Run.from_trace(bad)
+    with pytest.raises(BundleError):
+        run_rules(run, builtin_rules())
+    with pytest.raises(BundleError):
+        _ = run.trace
+    assert len(reads) == 1
