@@ -164,8 +164,8 @@ class Run:
             if self.trace_only:
                 return None, None, exc
             return None, str(exc), None
-        except BundleError as exc:
-            return None, None, exc
+        except BundleError as exc:  # a run bundle's trace that cannot be read is left out; a bare one is all there is
+            return (None, None, exc) if self.trace_only else (None, str(exc), None)
 
     # -- the views ---------------------------------------------------------------------------------
     @cached_property

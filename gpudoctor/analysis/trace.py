@@ -112,6 +112,7 @@ class TraceData:
     # only synchronizing calls and graph launches (SYNC_RUNTIME) and the ProfilerStep#, gpudoctor/ and
     # DataLoader annotations; `ops` and `python` are empty.
     detail: bool = True
+    cut_short: int | None = None  # a trace that ends early: the bytes of the file read (bundle.TraceStream)
     # What views derive from the trace and several need (the collectives' spans, ...), computed once each: see
     # `derived`.
     _derived: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -143,7 +144,9 @@ def parse_trace(path: Path, progress: Callable[[int, int], None] | None = None,
     try:
         try:
             stream = TraceStream(path, progress)
-            return _parse(path, stream.batches(_select(detail)), stream.meta, detail)
+            data = _parse(path, stream.batches(_select(detail)), stream.meta, detail)
+            data.cut_short = stream.cut_short
+            return data
         except TraceNotStreamable:  # a layout the chunked reader does not follow, or a corrupt trace
             raw = read_trace(path)  # raises BundleError saying what is wrong, if anything is
             events = raw.pop("traceEvents")

@@ -12,7 +12,6 @@ events into views.
 from __future__ import annotations
 
 import codecs
-import gzip
 import json
 import queue
 import re
@@ -32,6 +31,7 @@ from gpudoctor.bundle.trace_file import inflated_cap, inflating_too_far, not_gzi
 # -- reading a big trace in chunks -----------------------------------------------------------------
 CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size (4 MB cost 12 MB
 # more peak memory on a 151 MB trace of GPU ops, and no less time)
+GZIP_READ = 64 << 10  # compressed bytes read at a time: the bomb check weighs what came out against what went in
 _KEY_OVERLAP = 256  # how far back a search of the next block starts: the key and the blanks around it
 _HEADER_MAX = 64 << 20  # the top-level keys before traceEvents (deviceProperties, ...) are small
 _WS = b" \t\r\n"
@@ -154,7 +154,11 @@ class TraceStream:
     path: Path
     progress: Callable[[int, int], None] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # Where the trace ends early (a run killed while its trace was written): the bytes of the file read, and the
+    # events before that are what `batches()` gives; None for a trace that ends where it should.
+    cut_short: int | None = None
     _top: str = field(default="object", init=False, repr=False)  # an object, or a bare list of events
+    _yielded: bool = field(default=False, init=False, repr=False)  # some events were given already
 
     def batches(self, select: Select | None = None) -> Iterator[list[Any]]:
         """Lists of events (dicts, or with TypedEvents, mostly its Structs: each list holds one or the other); with
@@ -180,7 +184,10 @@ class TraceStream:
                     self._report(raw.tell(), total)
                     yield block
                 return
-            yield from _inflate_in_thread(raw, total, self._report, path, inflated_cap(path))
+            yield from _inflate_in_thread(raw, total, self._report, path, inflated_cap(path), self._cut_at)
+
+    def _cut_at(self, done: int) -> None:
+        self.cut_short = done
 
     def _report(self, done: int, total: int) -> None:
         if self.progress is not None:
@@ -194,7 +201,7 @@ class TraceStream:
             if cut is None:  # too little to parse yet, or one event longer than all that was read
                 block = next(chunks, None)
                 if block is None:
-                    yield self._read_last(buf[pos:], select if isinstance(select, TypedEvents) else None)
+                    yield self._last_events(buf, pos, select)
                     return
                 # A block of blanks alone (padding between or after events) adds nothing to parse: keep one
                 # blank, so that the buffer, and each search of it for a cut, stays as long as the events.
@@ -206,6 +213,7 @@ class TraceStream:
                 events, pos = _parse_before(buf, pos, cut)
             else:
                 pos = buf.index(b"{", cut)
+            self._yielded = True
             yield events
 
     def _read_header(self, chunks: Iterator[bytes]) -> tuple[bytes, int]:
@@ -244,6 +252,23 @@ class TraceStream:
                 break
         raise TraceNotStreamable("no traceEvents list near the start")
 
+    def _last_events(self, buf: bytes, pos: int, select: Select | None) -> list[Any]:
+        """The events left at the end; of a trace cut short (its list never closed), those read whole before the
+        cut, the cut said in `cut_short`, rather than a second read of the whole file."""
+        try:
+            return self._read_last(buf[pos:], select if isinstance(select, TypedEvents) else None)
+        except TraceNotStreamable:
+            cut = _last_event_end(buf, pos, len(buf))
+            ends_whole = buf.rstrip(_WS)[-1:] in (b"}", b"]")  # a whole JSON document ends so; one cut short, not
+            if (self.cut_short is None and ends_whole) or (cut is None and not self._yielded):
+                raise  # a layout the chunked reader does not follow, or nothing to keep: the file is read whole
+            if self.cut_short is None:
+                self.cut_short = self.path.stat().st_size
+            if cut is None:  # what is left is the event the cut went through
+                return []
+            events = select.pick(buf, pos, cut) if select is not None else None
+            return events if events is not None else _parse_before(buf, pos, cut)[0]
+
     def _read_last(self, rest: bytes, typed: TypedEvents[Any] | None = None) -> list[Any]:
         """The events left, up to the ']' that closes traceEvents, and the top-level keys after it."""
         end = len(rest)
@@ -279,7 +304,7 @@ class TraceStream:
 
 
 def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None], path: Path,
-                       cap: int) -> Iterator[bytes]:
+                       cap: int, cut_at: Callable[[int], None]) -> Iterator[bytes]:
     out: queue.Queue[Any] = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -294,17 +319,17 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
     def inflate() -> None:
         inflated = 0
         try:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                while not stop.is_set():
-                    block = f.read(CHUNK_BYTES)
-                    inflated += len(block)
-                    if inflated > cap or inflating_too_far(path, inflated, raw.tell()):
-                        put(too_big(path, cap))
-                        return
-                    put((block, raw.tell()))
-                    if not block:
-                        return
-        except (EOFError, OSError, zlib.error) as exc:
+            for block, consumed in _gunzipped(raw, stop):
+                inflated += len(block)
+                if inflated > cap or inflating_too_far(path, inflated, consumed):
+                    put(too_big(path, cap))
+                    return
+                put((block, consumed))
+                if not block:
+                    return
+        except EOFError:  # the file ends before its compressed stream does: a trace cut short
+            put(_CutShort(raw.tell()))
+        except (OSError, zlib.error) as exc:
             put(not_gzip(path, exc))
         except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
             put(exc)
@@ -316,6 +341,10 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
             item = out.get()
             if isinstance(item, BaseException):
                 raise item
+            if isinstance(item, _CutShort):
+                cut_at(item.done)
+                report(total, total)
+                return
             block, done = item
             if not block:
                 report(total, total)
@@ -325,6 +354,41 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
     finally:
         stop.set()
         thread.join()
+
+
+def _gunzipped(raw: Any, stop: threading.Event) -> Iterator[tuple[bytes, int]]:
+    """A gzip file's members inflated, at most CHUNK_BYTES a block, each with the compressed bytes consumed so far
+    (what the bomb check weighs it against), then b"" at its end; EOFError where the file ends inside a member,
+    once every byte inflated before that was given (GzipFile's read gives none of its last call's). Zeros after the
+    last member (padding) are skipped, as gzip does."""
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    pending, begun, read = b"", False, 0
+    while not stop.is_set():
+        if not pending:
+            pending = raw.read(GZIP_READ)
+            read += len(pending)
+            if not pending:
+                if begun and not inflater.eof:
+                    raise EOFError("the file ended before the end of its compressed stream")
+                yield b"", read
+                return
+        begun = True
+        block = inflater.decompress(pending, CHUNK_BYTES)
+        if inflater.eof:
+            pending = inflater.unused_data
+            if pending.strip(b"\0"):
+                inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # the next member
+            else:
+                pending, begun = b"", False  # padding, or the end
+        else:
+            pending = inflater.unconsumed_tail
+        if block:
+            yield block, read - len(pending)
+
+
+@dataclass(frozen=True)
+class _CutShort:
+    done: int  # bytes of the file read
 
 
 def _last_event_end(buf: bytes, lo: int, hi: int) -> int | None:

@@ -94,6 +94,10 @@ def _phase_row(phase: PhaseTime, step_s: float | None) -> PhaseRow:
 TRACE_LEFT_OUT = "the profiler trace"
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
 def _not_measured(run: Run) -> list[NotMeasuredRow]:
     rows: list[NotMeasuredRow] = []
     for name, info in run.manifest.collectors.items():
@@ -104,6 +108,11 @@ def _not_measured(run: Run) -> list[NotMeasuredRow]:
     if run.trace_error is not None:
         rows.append({"what": TRACE_LEFT_OUT, "reason": f"{run.trace_error.rstrip('.')}; it is left out, and the "
                                                        "report comes from the run's events and samples"})
+    cut = run.trace.cut_short if run.trace is not None else None
+    if cut is not None:
+        rows.append({"what": "the end of the profiler trace",
+                     "reason": f"the trace ends early, {_size(cut)} into the file, before its list of events "
+                               "does (a run stopped while it was written): the events before that are analysed"})
     rows += [{"what": f"the work of {_started_text(group, run)}", "reason": _unprofiled_reason(group)}
              for group in _unprofiled_groups(run)]
     short = too_short(run)

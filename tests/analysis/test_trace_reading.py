@@ -249,10 +249,14 @@ def test_a_kernel_without_a_finite_start_or_duration_is_left_out_on_every_path(
     assert len(data.gpu_ops) == len(parse_trace(FIXTURE, detail=False).gpu_ops) - 1
 
 
-def test_a_truncated_gzip_trace_says_so(tmp_path: Path, small_chunks: None) -> None:
+def test_a_truncated_gzip_trace_keeps_what_it_read_and_says_where_it_ends(tmp_path: Path,
+                                                                        small_chunks: None) -> None:
     path = tmp_path / "trace.json.gz"
     data = FIXTURE.read_bytes()
     path.write_bytes(data[: len(data) // 2])
+    found = parse_trace(path, detail=False)
+    assert found.cut_short is not None and 0 < found.cut_short <= len(data) // 2
+    path.write_bytes(data[:20])  # the header alone: no event to keep, and the sentence as before
     with pytest.raises(BundleError, match="truncated or not gzip"):
         parse_trace(path, detail=False)
 
@@ -324,3 +328,50 @@ def test_a_trace_that_cannot_be_read_is_read_once_and_before_any_rule(tmp_path, 
     with pytest.raises(BundleError):
         _ = run.trace
     assert len(reads) == 1
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_a_trace_cut_short_keeps_the_events_read_and_says_where_it_ends(tmp_path, suffix: str) -> None:
+    """A run killed while its trace was written: the events before the cut are analysed, in the one streaming
+    read (never the whole file again with json.loads), and the trace says where it ends."""
+    import gzip as gzip_module
+
+    from gpudoctor.analysis.trace import parse_trace
+    from gpudoctor.testing.fixtures import fixture_path
+
+    whole = gzip_module.decompress((fixture_path("small_batch_bad") / "trace.json.gz").read_bytes())
+    full = parse_trace(_written(tmp_path / "whole.json", whole))
+    cut = tmp_path / f"cut{suffix}"
+    if suffix == ".json":
+        cut.write_bytes(whole[:len(whole) * 7 // 10])
+    else:
+        packed = gzip_module.compress(whole)
+        cut.write_bytes(packed[:len(packed) * 7 // 10])
+    found = parse_trace(cut)
+    assert found.cut_short is not None and full.cut_short is None
+    assert 0 < len(found.gpu_ops) < len(full.gpu_ops)
+
+
+def _written(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def test_a_run_whose_trace_was_cut_short_is_reported_from_what_it_holds(tmp_path) -> None:
+    import shutil
+
+    from gpudoctor.analysis.run import Run
+    from gpudoctor.engine import builtin_rules, run_rules
+    from gpudoctor.report.model import build_report
+    from gpudoctor.testing.fixtures import fixture_path
+
+    bundle = tmp_path / "run"
+    shutil.copytree(fixture_path("small_batch_bad"), bundle)
+    trace = bundle / "trace.json.gz"
+    packed = trace.read_bytes()
+    trace.write_bytes(packed[:len(packed) * 6 // 10])
+    run = Run.from_bundle(bundle)
+    assert run.trace is not None and run.trace.cut_short is not None and run.gpu_work.kernels is not None
+    report = build_report(run, run_rules(run, builtin_rules()))
+    [row] = [r for r in report["not_measured"] if r["what"] == "the end of the profiler trace"]
+    assert "ends early" in row["reason"] and "the events before that are analysed" in row["reason"]
