@@ -164,8 +164,8 @@ class Run:
             if self.trace_only:
                 return None, None, exc
             return None, str(exc), None
-        except BundleError as exc:  # a run bundle's trace that cannot be read is left out; a bare one is all there is
-            return (None, None, exc) if self.trace_only else (None, str(exc), None)
+        except BundleError as exc:  # a hostile trace (too deep, a bomb): the analysis says so, in one sentence
+            return None, None, exc
 
     # -- the views ---------------------------------------------------------------------------------
     @cached_property

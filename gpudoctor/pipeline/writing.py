@@ -15,7 +15,7 @@ from gpudoctor.job.report import job_reports
 from gpudoctor.pipeline.diagnosis import Diagnosis
 from gpudoctor.report import build_report
 from gpudoctor.report.document import Report
-from gpudoctor.report.model import TRACE_LEFT_OUT, link_outputs
+from gpudoctor.report.model import TRACE_CUT_SHORT, TRACE_LEFT_OUT, link_outputs
 from gpudoctor.report.render import to_html, to_json, to_text
 
 FORMATS = ("text", "json", "html")
@@ -59,8 +59,8 @@ def _reports(diagnosis: Diagnosis, out_dir: Path) -> tuple[Report, dict[Path, Re
 
 
 def _trace_left_out(report: Report) -> str | None:
-    """One sentence when the run's trace could not be read and the report was made without it."""
-    row = next((row for row in report["not_measured"] if row["what"] == TRACE_LEFT_OUT), None)
+    """One sentence when the run's trace could not be read and the report was made without it, or ended early."""
+    row = next((row for row in report["not_measured"] if row["what"] in (TRACE_LEFT_OUT, TRACE_CUT_SHORT)), None)
     return None if row is None else f"{row['reason']}."
 
 

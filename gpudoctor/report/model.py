@@ -92,6 +92,7 @@ def _phase_row(phase: PhaseTime, step_s: float | None) -> PhaseRow:
 
 
 TRACE_LEFT_OUT = "the profiler trace"
+TRACE_CUT_SHORT = "the end of the profiler trace"
 
 
 def _size(n: int) -> str:
@@ -110,9 +111,10 @@ def _not_measured(run: Run) -> list[NotMeasuredRow]:
                                                        "report comes from the run's events and samples"})
     cut = run.trace.cut_short if run.trace is not None else None
     if cut is not None:
-        rows.append({"what": "the end of the profiler trace",
-                     "reason": f"the trace ends early, {_size(cut)} into the file, before its list of events "
-                               "does (a run stopped while it was written): the events before that are analysed"})
+        rows.append({"what": TRACE_CUT_SHORT,
+                     "reason": f"{run.trace_file} ends early, {_size(cut)} into the file, before its list of events "
+                               "does (a run stopped while it was written, a disk that filled): the events before "
+                               "that are analysed"})
     rows += [{"what": f"the work of {_started_text(group, run)}", "reason": _unprofiled_reason(group)}
              for group in _unprofiled_groups(run)]
     short = too_short(run)

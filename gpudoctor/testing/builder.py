@@ -245,8 +245,8 @@ class BundleBuilder:
     def host_samples(self, other_cores: float = 0.0, *, tree_cores: float | None = None,
                      busy_cores: float | None = None, swap_in_bps: float = 0.0, swap_out_bps: float = 0.0,
                      swap_used: int = 0, mem_available: int | None = None, load1: float | None = None,
-                     interval_s: float = 0.1, cpu_pressure: float | None = None,
-                     throttled: float | None = None) -> BundleBuilder:
+                     interval_s: float = 0.1, cpu_pressure: float | None = 0.0,
+                     throttled: float | None = 0.0) -> BundleBuilder:
         """The host, sampled every `interval_s` over the run: the script's tree uses `tree_cores` (or what
         its `process()`es use), other programs `other_cores`, so the host is `busy_cores` busy (by default
         their sum); swap traffic in bytes per second; `mem_available` in bytes (default 80% of memory);

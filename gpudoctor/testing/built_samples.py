@@ -82,5 +82,15 @@ def _proc_entry(p: ProcessSpec, elapsed: float) -> ProcEntry:
         ctx_vol=int(p.ctx_vol_per_s * elapsed), ctx_invol=int(p.ctx_invol_per_s * elapsed), gpu=p.gpu,
         thread_cpu={tid: cores * elapsed for tid, cores in zip(tids, p.thread_cores)},
         run_delay_s=None if p.run_delay_share is None else p.run_delay_share * elapsed,
-        thread_run_delay={tid: share * elapsed for tid, share in zip(tids, p.thread_run_delay)},
+        thread_run_delay=_thread_run_delay(p, tids, elapsed),
     )
+
+
+def _thread_run_delay(p: ProcessSpec, tids: list[str], elapsed: float) -> dict[str, float]:
+    """Each thread's run delay, as schedstat gives it: the spec's, else the main thread's share and none for the
+    others; none at all where the main thread's was not measured."""
+    if p.thread_run_delay:
+        return {tid: share * elapsed for tid, share in zip(tids, p.thread_run_delay)}
+    if p.run_delay_share is None:
+        return {}
+    return {tid: (p.run_delay_share if tid == tids[0] else 0.0) * elapsed for tid in tids}

@@ -114,8 +114,8 @@ class HostSpec:
     mem_available: int | None = None
     load1: float | None = None
     interval_s: float = 0.1
-    cpu_pressure: float | None = None  # seconds per second some task on the host waits for a core
-    throttled: float | None = None  # seconds per second the script's cgroup is throttled
+    cpu_pressure: float | None = 0.0  # seconds per second some task on the host waits for a core
+    throttled: float | None = 0.0  # seconds per second the script's cgroup is throttled
 
 
 @dataclass(frozen=True)

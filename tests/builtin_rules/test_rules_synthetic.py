@@ -148,7 +148,7 @@ def test_contention_never_promises_a_step_faster_than_the_jobs_own_work(tmp_path
     b = starved(tmp_path, workers=4, wait=0.09, cores=8)
     b.process(0.3, run_delay_share=0.5)
     b.workers(4, cores=0.9, run_delay_share=0.3)
-    b.host_samples(other_cores=4.0, cpu_pressure=0.6)
+    b.host_samples(other_cores=4.0, cpu_pressure=0.6, throttled=None)
     [finding] = assert_fires("GD504", b.build(), count=1)
     assert finding["impact"] == pytest.approx(0.1, abs=0.02)
     evidence = {e["name"]: e["value"] for e in finding["evidence"]}

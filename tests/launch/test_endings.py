@@ -279,14 +279,14 @@ def test_analyze_missing_trace(gd: Gpudoctor, bundle_copy: Path) -> None:
 
 
 def test_analyze_truncated_trace(gd: Gpudoctor, bundle_copy: Path) -> None:
-    """A trace cut short (the disk filled while it was written) is left out: the events and samples still make the
-    report, and one sentence says why the GPU's activity is missing from it."""
+    """A trace cut short (the disk filled while it was written): what it holds before the cut still makes the report
+    with the events and samples, and one sentence says where it ends."""
     trace = bundle_copy / "trace.json.gz"
     trace.write_bytes(trace.read_bytes()[: trace.stat().st_size // 2])
     result = gd.run("analyze", str(bundle_copy))
     assert result.returncode == 0, result
-    assert result.first_message.startswith(f"gpudoctor: {trace} is truncated or not gzip: ")
-    assert result.first_message.endswith("; it is left out, and the report comes from the run's events and samples.")
+    assert result.first_message.startswith(f"gpudoctor: {trace} ends early, "), result.first_message
+    assert result.first_message.endswith("the events before that are analysed.")
     assert (bundle_copy / "report.html").is_file() and (bundle_copy / "findings.json").is_file()
 
 
