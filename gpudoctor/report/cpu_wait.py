@@ -13,9 +13,7 @@ def cpu_wait_text(found: CpuWaitJson | None) -> str | None:
     """The line; None for a document without it, or where nothing of it was measured."""
     if found is None:
         return None
-    values = (found["main_thread"], found["loader_workers"], found["pin_memory_thread"], found["host_pressure"],
-              found["throttled"])
-    if all(v is None for v in values):
+    if all(v is None for v in _shares(found)):
         return None
     threads = [f"the main thread {_share(found['main_thread'])}"]
     workers = found["workers"]
@@ -33,9 +31,12 @@ def notable(found: CpuWaitJson | None) -> bool:
     """Whether some share of it held the step back enough to say on the terminal."""
     if found is None:
         return False
-    values = (found["main_thread"], found["loader_workers"], found["pin_memory_thread"], found["host_pressure"],
-              found["throttled"])
-    return any(v is not None and v >= NOTABLE for v in values)
+    return any(v is not None and v >= NOTABLE for v in _shares(found))
+
+
+def _shares(found: CpuWaitJson) -> tuple[float | None, ...]:
+    return (found["main_thread"], found["loader_workers"], found["pin_memory_thread"], found["host_pressure"],
+            found["throttled"])
 
 
 def _share(value: float | None) -> str:
