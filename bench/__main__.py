@@ -27,6 +27,7 @@ BENCHMARKS = {
     "precision_rates": "a GPU",
     "long_run": "a CPU",
     "many_steps": "a CPU, a recorded bundle",
+    "events_growth": "a CPU",
     "analyze": "a CPU; HolisticTraceAnalysis to compare with it",
     "analysis_guard": "a CPU",
     "validate_impacts": "recorded bundles",
@@ -45,6 +46,7 @@ HELPERS = {
     "workload_resnet": "the overhead benchmark's ResNet job",
     "workload_transformer": "the overhead benchmark's transformer job",
     "workload_resnet18": "the overhead benchmark's job on torchvision's ResNet-18",
+    "workload_fast_steps": "events_growth's job of short steps",
 }
 
 

@@ -164,11 +164,13 @@ def step_budget(steps: Sequence[Step], splits: list[dict[str, float]] | None,
                   profiler_s)
 
 
-def host_budget(step_s: float, floor_s: float | None, steps: int) -> Budget:
+def host_budget(step_s: float, floor_s: float | None, steps: int, stall_share: float = 0.0) -> Budget:
     """The budget of a run without GPU activity, for sharing out savings: the host's own work (`floor_s`, in
     `gpu_busy`: the part of the step no fix of a wait removes), and the rest of the step (`host`: the waits for
-    data and for a core, computing slowed by what the findings name), which the findings share."""
-    floor = min(1.0, max(0.0, (floor_s or 0.0) / step_s))
+    data and for a core, computing slowed by what the findings name, the stalls' excess), which the findings
+    share. A save's CPU time is the main thread's, yet saving less often removes it: the stalls' excess
+    (`stall_share`) leaves the floor."""
+    floor = min(1.0, max(0.0, (floor_s or 0.0) / step_s - max(0.0, stall_share)))
     shares = dict.fromkeys(SLICES, 0.0) | {"gpu_busy": floor, "host": 1.0 - floor}
     return Budget(step_s, steps, tuple(Slice(name, shares[name] * step_s, shares[name]) for name in SLICES))
 

@@ -29,8 +29,10 @@ from gpudoctor.bundle.events import (
     PauseEvent,
     StepEvent,
     StepSourceEvent,
+    StepSpanEvent,
     WindowEvent,
 )
+from gpudoctor.bundle.step_spans import expand
 
 ANALYSED_WINDOW_STATES = ("active",)
 TRACED_WINDOW_STATES = ("warmup", "active")  # the steps the profiler records
@@ -158,6 +160,10 @@ class RunEvents:
         for event in events:
             if isinstance(event, StepEvent):
                 self.steps.append(_shifted(event, self.prologue_steps))
+                continue
+            if isinstance(event, StepSpanEvent):  # a long run's plain steps, summarised as they were written
+                for step in expand(event):
+                    self.steps.append(_shifted(step, self.prologue_steps))
                 continue
             if isinstance(event, WindowEvent) and event.state == "restarted":
                 restart = (len(self.steps), len(self.others))

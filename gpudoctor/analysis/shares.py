@@ -30,11 +30,13 @@ def work_floor_s(run: Run) -> float | None:
 
 def claim_budget(run: Run) -> Budget | None:
     """The budget the findings' savings are shared out of (engine.runner.within_slices): the run's own; on a run
-    without GPU activity, its step less its work floor."""
+    without GPU activity, its step less its work floor, the stalls' excess apart."""
     if run.budget is not None:
         return run.budget
     step = run.pace.seconds
-    return host_budget(step, work_floor_s(run), len(run.steps)) if step and run.steps else None
+    if not step or not run.steps:
+        return None
+    return host_budget(step, work_floor_s(run), len(run.steps), run.job_time.stall_share)
 
 
 def gpu_idle_share(run: Run) -> float | None:

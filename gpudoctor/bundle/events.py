@@ -287,6 +287,28 @@ class StepEvent(Record, Event, tag="step", frozen=True):
                 and not self.ends_run)
 
 
+class StepSpanEvent(Record, Event, tag="step_span", frozen=True):
+    """Consecutive steps outside the profiling windows, summarised (bundle.step_spans): a long run's events grow by
+    one of these every few seconds instead of one step event a step. The slowest steps are kept exactly; the others'
+    wall times and data waits are kept as histograms of 1% bins."""
+
+    first_step: Count
+    last_step: Count  # included
+    t0: float
+    t1: float
+    walls: list[tuple[int, Count]]  # (bin, steps): the wall time exp(bin * STEP_BIN) of that many steps
+    waits: list[tuple[int, Count]] = msgspec.field(default_factory=list)  # the same for the data waits above zero
+    data_wait_cpu_s: Seconds | None = None  # over the span's steps; None where no step received a batch
+    batches: Count = 0  # over the span's steps, as are the calls
+    backwards: Count = 0
+    forwards: Count = 0
+    # (step, t0, t1, wall_s, data_wait_s) of the slowest steps, exact
+    slowest: list[tuple[Count, float, float, Seconds, Seconds]] = msgspec.field(default_factory=list)
+    source: str = "none"
+    window: str = "waiting"
+    t: float | None = None
+
+
 class WindowEvent(Record, Event, tag="window", frozen=True):
     """The profiling window opened, closed (its trace written), ended early, or restarted: a stronger step source
     took over, and the steps and windows before this event were not the program's steps (`first_step`: where the
@@ -331,7 +353,8 @@ class EndEvent(Record, Event, tag="end", frozen=True):
 AnyEvent: TypeAlias = (
     ProcessEvent | TorchEvent | EnvWindowEvent | CollectorEvent | ThreadStartEvent | ForkEvent | ProcessStartEvent
     | RankEvent | LoaderEvent
-    | ForwardSiteEvent | BackwardSiteEvent | HostLinesEvent | StepSourceEvent | StepEvent | WindowEvent | MaxStepsEvent
+    | ForwardSiteEvent | BackwardSiteEvent | HostLinesEvent | StepSourceEvent | StepEvent | StepSpanEvent | WindowEvent
+    | MaxStepsEvent
     | EndEvent
     | StepLessGilEvent | RemedyEvent
     | OptimizerEvent | PauseEvent | StartupEvent | LoaderStartEvent | StartupLinesEvent | CompileEvent | DynamoEvent
@@ -345,5 +368,6 @@ __all__ = [
     "GilSummary", "HostLine", "HostLinesEvent", "LoaderEvent", "LoaderStartEvent", "LossEvent", "MaxStepsEvent",
     "OomEvent", "OptimizerEvent", "PauseEvent", "Phases", "ProcessEvent", "ProcessFacts", "ProcessStartEvent",
     "RankEvent", "RemedyEvent", "StartupEvent", "StartupLinesEvent", "StepEvent", "StepLessGilEvent",
-    "StepSourceEvent", "SyncRow", "ThreadStartEvent", "TorchEvent", "TorchFacts", "WindowEvent", "WindowFacts",
+    "StepSourceEvent", "StepSpanEvent", "SyncRow", "ThreadStartEvent", "TorchEvent", "TorchFacts", "WindowEvent",
+    "WindowFacts",
 ]

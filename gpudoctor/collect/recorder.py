@@ -31,8 +31,10 @@ from gpudoctor.bundle.events import (
     StepEvent,
     StepSourceEvent,
     SyncRow,
+    WindowEvent,
 )
 from gpudoctor.bundle.records import Site
+from gpudoctor.bundle.step_spans import StepSpans
 from gpudoctor.collect import window as window_states
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.gpu_memory import cuda_memory
@@ -45,6 +47,9 @@ from gpudoctor.collect.window import ProfilerWindow
 # optimizer's step(), and gpudoctor.step() markers.
 SOURCE_RANK = {"forward": 1, "dataloader": 2, "backward": 3, "optimizer": 4, "marker": 5}
 IN_WINDOW = (window_states.WARMUP, window_states.ACTIVE, window_states.DETAIL)
+# Events that the reader places among the steps by where they come (a window's restart, a new step source, the
+# end): the span gathering steps is written before them.
+ORDERED_WITH_STEPS = (WindowEvent, StepSourceEvent, MaxStepsEvent, EndEvent)
 
 
 ExceptionDetails = tuple[str, str, "Site | None"]  # what the script raised: its type, message and where
@@ -132,6 +137,8 @@ class Recorder:
         run_dir = Path(config.run_dir)
         self.config = config
         self.events = JsonlWriter(run_dir / EVENTS, on_failure=self._recording_failed)
+        self.spans = StepSpans()  # the plain steps of a long run, written as spans
+        self._spans_lock = threading.RLock()
         self.markers = Markers()
         self.window = ProfilerWindow(config.window, run_dir, self.emit, config.with_stack)
         self.source: str | None = None
@@ -154,8 +161,19 @@ class Recorder:
 
     # -- events ----------------------------------------------------------------------------------
     def emit(self, event: AnyEvent) -> None:
-        if not self._disabled:
-            self.events.write(event if event.t is not None else msgspec.structs.replace(event, t=time.time()))
+        if self._disabled:
+            return
+        if event.t is None:
+            event = msgspec.structs.replace(event, t=time.time())
+        with self._spans_lock:  # steps end on the main thread; a window's events may come from another
+            if isinstance(event, StepEvent):
+                written: list[AnyEvent] = list(self.spans.take(event))
+            elif isinstance(event, ORDERED_WITH_STEPS):
+                written = [*self.spans.flush(), event]
+            else:
+                written = [event]
+            for each in written:
+                self.events.write(each)
 
     def _recording_failed(self, path: Path, error: OSError) -> None:
         """The run directory refused a write (disk full, say): stop recording, say so once, let the script go on."""

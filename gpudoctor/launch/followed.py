@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gpudoctor.bundle import EVENTS, MANIFEST, SAMPLE_FILES, SAMPLES_DIR, JsonlWriter, read_jsonl, write_json_atomic
-from gpudoctor.bundle.events import EVENT_DECODER, EndEvent, ProcessEvent, RankEvent, StepEvent
+from gpudoctor.bundle.events import EVENT_DECODER, EndEvent, ProcessEvent, RankEvent, StepEvent, StepSpanEvent
 from gpudoctor.bundle.layout import rank_dirs
 from gpudoctor.bundle.manifest import ExceptionInfo, ExitInfo, Manifest
 from gpudoctor.bundle.samples import GpuRow, HostRow, ProcsRow
@@ -116,6 +116,8 @@ class Followed:
             started = event.t if started is None else started
             if isinstance(event, StepEvent):
                 steps += 1
+            elif isinstance(event, StepSpanEvent):
+                steps += event.last_step - event.first_step + 1
             elif isinstance(event, RankEvent) and event.source == "init_process_group":
                 group_rank = event.rank
         process = report.facts.process

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent, StepEvent, WindowEvent
+from gpudoctor.bundle.events import EVENT_DECODER, AnyEvent, StepEvent, StepSpanEvent, WindowEvent
 from gpudoctor.bundle.jsonio import JsonlTail
 from gpudoctor.collect.config import WindowConfig
 from gpudoctor.ui.terminal import is_terminal
@@ -52,6 +52,9 @@ class Status:
         for event in events:
             if isinstance(event, StepEvent):
                 self.steps = max(self.steps, event.step + 1)
+                self.state = event.window
+            elif isinstance(event, StepSpanEvent):
+                self.steps = max(self.steps, event.last_step + 1)
                 self.state = event.window
             elif isinstance(event, WindowEvent):
                 self.window_event = event.state
