@@ -120,3 +120,17 @@ def collective_s_per_step(trace: TraceData | None, steps: Sequence[Step]) -> lis
     if spans is None:
         return None
     return [spans.covered(step.start, step.end) for step in steps]
+
+
+def collective_ends(trace: TraceData | None, steps: Sequence[Step]) -> list[float | None] | None:
+    """When each step's last collective ended, on the trace's clock (None for a step with none); None when the
+    trace shows no collective. Under DDP the last all-reduce of a step ends at one moment on every rank, when
+    the last rank's data has arrived: what the job's ranks' clocks are aligned by (gpudoctor.job.clocks)."""
+    spans = collective_spans(trace)
+    if spans is None:
+        return None
+    ends: list[float | None] = []
+    for step in steps:
+        within = spans.clipped(step.start, step.end)
+        ends.append(within[-1][1] if within else None)
+    return ends

@@ -247,11 +247,18 @@ def _inner_job_report(rank_dir: Path, prepared: PreparedRules, formats: tuple[st
     the job's, merged by the last rank of the node to finish."""
     from gpudoctor.launch import inner_job
 
-    own = _diagnose_into(rank_dir, prepared, _without_summary(formats))
-    inner_job.mark_done(rank_dir)
-    if not inner_job.take_merge(rank_dir.parent):
-        return own if tries is None or own is None else tried_into(own, rank_dir, tries, formats)
-    try:
+    with inner_job.reports_before_sigterm():  # the script has ended: its agent's SIGTERM waits for the reports
+        with inner_job.heartbeat(rank_dir):  # the other nodes' ranks wait for one that is alive
+            own = _diagnose_into(rank_dir, prepared, _without_summary(formats))
+            inner_job.mark_done(rank_dir)
+        if not inner_job.take_merge(rank_dir.parent):
+            return own if tries is None or own is None else tried_into(own, rank_dir, tries, formats)
+        if tries is None:
+            try:
+                return _report(rank_dir.parent, prepared, formats, None, job=True)
+            finally:
+                inner_job.merged(rank_dir.parent)
+    try:  # the tries run the job again: no grace holds them
         return _report(rank_dir.parent, prepared, formats, tries, job=True)
     finally:
         inner_job.merged(rank_dir.parent)

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from gpudoctor.analysis import Run, loader_limit_s, worker_cpu_per_batch_s
-from gpudoctor.analysis.collectives import collective_s_per_step, exposed_per_step
+from gpudoctor.analysis.collectives import collective_ends, collective_s_per_step, exposed_per_step
 from gpudoctor.analysis.shares import gpu_idle_share
+from gpudoctor.job.clocks import ClockOffset, clock_offsets
 from gpudoctor.report.document import RankJson, RankTimeJson
 
 
@@ -93,6 +94,9 @@ class RankFigures:
     run_delay_share: float | None = None  # its main thread's wait for a core, a share of the time (analysis.cpu_wait)
     # the script's lines its main thread was seen at in the detail steps: (file, line, share of the looks)
     host_lines: tuple[tuple[str, int, float], ...] = ()
+    # When each analysed step's last collective ended, on the rank's own clock, by step index
+    collective_end_by_step: Mapping[int, float] = field(default_factory=dict)
+    clock: ClockOffset | None = None  # its clock against the job's first rank's (set across ranks, by with_waits)
 
     def to_json(self) -> RankJson:
         row: RankJson = {
@@ -105,6 +109,8 @@ class RankFigures:
             "steps_analysed": self.steps_analysed, "ending": self.ending,
             "exit_status": self.exit_status, "bundle": self.bundle,
             "host": self.host, "node_rank": self.node_rank,
+            "clock_offset_s": self.clock.offset_s if self.clock else None,
+            "clock_residual_s": self.clock.residual_s if self.clock else None,
         }
         if self.time is not None:
             row["gpu_idle_share"] = self.time.gpu_idle_share
@@ -119,11 +125,12 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
     collective = collective_s_per_step(run.trace, steps)
     exposed = exposed_per_step(run.trace, steps) or []
     by_step = {s.index: c for s, c in zip(steps, collective)} if collective else {}
+    ends = {s.index: end for s, end in zip(steps, collective_ends(run.trace, steps) or []) if end is not None}
     return RankFigures(
         rank=rank, median_step_s=run.reference_step.seconds, step_s=run.pace.reported_s,
         data_wait_s=_median([s.data_wait_s for s in steps]),
         collective_s=_median(collective or []),
-        collective_by_step=by_step, time=rank_time(run, by_step),
+        collective_by_step=by_step, collective_end_by_step=ends, time=rank_time(run, by_step),
         exposed_s=_median([e.seconds for e in exposed]),
         exposed_before_last_backward_s=_median([e.before_last_backward for e in exposed]),
         collective_before_last_backward_s=_median([e.all_before_last_backward for e in exposed]),
@@ -133,7 +140,7 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
                                if s.gpu_compute_s is not None]),  # the collectives' kernels left out
         num_workers=run.sites.loader.main.num_workers if run.sites.loader.main is not None else None,
         worker_cpu_per_batch_s=worker_cpu_per_batch_s(run), loader_limit_s=loader_limit_s(run),
-        steps_analysed=len(steps), ending=exit_info.ending if exit_info else None,
+        steps_analysed=len(steps), ending=exit_info.ending if exit_info else _without_end(run),
         exit_status=exit_info.status if exit_info else None, bundle=bundle,
         host=run.manifest.host.hostname,
         node_rank=run.manifest.launch.node_rank if run.manifest.launch is not None else None,
@@ -143,10 +150,18 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
     )
 
 
+# A rank whose process ended without gpudoctor writing its end: killed (SIGKILL, the OOM killer, its node lost)
+LOST = "lost"
+
+
+def _without_end(run: Run) -> str | None:
+    return LOST if run.manifest.status == "running" else None
+
+
 def with_waits(figures: Sequence[RankFigures]) -> list[RankFigures]:
-    """The ranks' figures with `collective_wait_s`: each one's collective time beyond the least of any rank; and
-    the same of their steps at their pace (`RankTime.waiting_s`)."""
-    figures = _with_time_waits(figures)
+    """The ranks' figures with `collective_wait_s`: each one's collective time beyond the least of any rank; the
+    same of their steps at their pace (`RankTime.waiting_s`); and each one's clock against the first rank's."""
+    figures = _with_clocks(_with_time_waits(figures))
     measured = [f.collective_s for f in figures if f.collective_s is not None]
     if len(measured) < 2:
         return list(figures)
@@ -161,6 +176,11 @@ def _with_time_waits(figures: Sequence[RankFigures]) -> list[RankFigures]:
     least = min(timed)
     return [replace(f, time=replace(f.time, waiting_s=max(0.0, f.time.collective_s - least)))
             if f.time is not None and f.time.collective_s > 0 else f for f in figures]
+
+
+def _with_clocks(figures: Sequence[RankFigures]) -> list[RankFigures]:
+    offsets = clock_offsets({f.rank: f.collective_end_by_step for f in figures if f.collective_end_by_step})
+    return [replace(f, clock=offsets[f.rank]) if f.rank in offsets else f for f in figures]
 
 
 def _median(values: Sequence[float]) -> float | None:

@@ -13,6 +13,8 @@ from gpudoctor.bundle import REPORT
 from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.records import first_line
 from gpudoctor.engine import EngineResult
+from gpudoctor.job.figures import LOST
+from gpudoctor.job.groups import FAILED_ENDINGS, rank_groups
 from gpudoctor.job.launcher import launcher_of
 from gpudoctor.job.merge import JobDiagnosis
 from gpudoctor.job.model import Job, RankRun
@@ -23,8 +25,6 @@ from gpudoctor.report.charts import ranks_chart
 from gpudoctor.report.document import NotMeasuredRow, RankRow, Report, RunFacts, Status, Summary
 from gpudoctor.report.tried import with_tried_lead
 from gpudoctor.report.units import seconds
-
-FAILED_ENDINGS = ("exception", "signal", "timeout", "no_start")
 
 
 def job_reports(diagnosis: JobDiagnosis, docs: Mapping[str, str], out_dir: Path) -> tuple[Report, dict[Path, Report]]:
@@ -72,7 +72,7 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
         # One phase table per rank, in each rank's own report: the ranks' phases are not one step's.
         "breakdown": {"phases": [], "mean_step_s": job.pace_s},
         "charts": {**base["charts"], "ranks": ranks_chart(times)},
-        "ranks": [_rank_row(r, rank_reports[r.rank], out_dir) for r in job.ranks],
+        "ranks": _rank_rows(job, rank_reports, merged.findings, out_dir),
         "links": {"trace": base["links"]["trace"], "run": os.fspath(out_dir.resolve())},
         "findings": [f.to_json() for f in merged.findings],
         "not_evaluated": [row.to_json() for row in merged.not_evaluated],
@@ -81,10 +81,20 @@ def build_job_report(job: Job, rank_reports: Mapping[int, Report], merged: Engin
     return report
 
 
-def _rank_row(rank_run: RankRun, own: Report, out_dir: Path) -> RankRow:
+def _rank_rows(job: Job, rank_reports: Mapping[int, Report], findings: list[FindingRecord],
+               out_dir: Path) -> list[RankRow]:
+    """The ranks table's rows: a big job's outliers first, then node by node (gpudoctor.job.groups)."""
+    straggler = next((f for f in findings if f.category == "straggler"), None)
+    slow = _evidence(straggler, "slow rank") if straggler is not None else None
+    groups = rank_groups([r.figures for r in job.ranks], slow if isinstance(slow, int) else None)
+    return [_rank_row(job.rank(number), rank_reports[number], out_dir, title)
+            for title, numbers in groups for number in numbers]
+
+
+def _rank_row(rank_run: RankRun, own: Report, out_dir: Path, group: str | None) -> RankRow:
     return {
         "figures": rank_run.figures.to_json(), "report_href": _href(Path(rank_run.figures.bundle) / REPORT, out_dir),
-        "problems": own["summary"]["problems"], "chart": own["charts"]["steps"],
+        "problems": own["summary"]["problems"], "chart": own["charts"]["steps"], "group": group,
     }
 
 
@@ -161,6 +171,9 @@ def _crash(rank_run: RankRun) -> str:
         line = first_line(exception.message)
         said = f": {line}" if line else ""
         return f"Rank {rank_run.rank} raised {exception.exception}{said}".rstrip(".") + "."
+    if rank_run.figures.ending == LOST:
+        return (f"Rank {rank_run.rank} ended without a word: its process or its node was killed (SIGKILL, the OOM "
+                "killer, a node lost); what it recorded until then is kept and analysed.")
     return f"Rank {rank_run.rank} ended by {rank_run.figures.ending}{status}."
 
 

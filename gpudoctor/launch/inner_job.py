@@ -19,11 +19,16 @@ node still waiting that the job's report is there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpudoctor.bundle.layout import rank_dirs
@@ -38,6 +43,9 @@ DONE = ".analysed"
 # collectives end within seconds of each other; one that does not (a crashed node) is named as missing.
 JOB_WAIT_S = 60.0
 POLL_S = 0.5
+# How long a rank's report and the job's merge go on after its agent's SIGTERM, once the script has ended: torchrun's
+# agent sends SIGTERM to its workers when the job fails (another node gone), and SIGKILL 30 s later.
+TERMINATED_GRACE_S = 25.0
 
 
 def merges_itself() -> bool:
@@ -49,6 +57,37 @@ def merged_by_outer() -> bool:
     """Whether this `gpudoctor profile` is a rank of a job that `gpudoctor profile torchrun ...` runs: that command
     analyses every rank, once, when torchrun has ended, and writes each rank's report with the job's."""
     return launched_rank() is not None and OUTER_ENV in os.environ
+
+
+@contextlib.contextmanager
+def reports_before_sigterm(grace_s: float = TERMINATED_GRACE_S) -> Iterator[None]:
+    """While the rank's report and the job's merge are written (the script has ended), a SIGTERM (the agent shutting
+    the node's workers down, as when another node is gone) lets them finish, at most `grace_s`, instead of losing
+    the job's report half-written; the rank then ends with its script's status, as it would have without it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if received.is_set():
+            return
+        received.set()
+        print(f"gpudoctor: terminated while writing the job's report; finishing it first (at most {grace_s:.0f} s).",
+              file=sys.stderr, flush=True)
+        threading.Thread(target=_die_after, args=(grace_s,), name="gpudoctor-report-grace", daemon=True).start()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _die_after(seconds: float) -> None:
+    time.sleep(seconds)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def mark_done(rank_dir: Path) -> None:
@@ -129,9 +168,51 @@ def _job_done(job_dir: Path, me: LaunchedRank) -> bool:
 
 
 def _others_running(job_dir: Path, me: LaunchedRank) -> bool:
-    """Whether a rank of this job that has not finished writes into `job_dir` too (a directory the nodes share)."""
+    """Whether a rank of this job that has not finished writes into `job_dir` too (a directory the nodes share),
+    and still does: one whose files have not changed for STALE_S was killed with its node, and is not waited for."""
     done = _markers(job_dir, me)
-    return any(rank not in done and _job_of(path) == me.job for rank, path in _ranks_of_the_size(job_dir, me).items())
+    return any(rank not in done and _job_of(path) == me.job and _still_writing(path)
+               for rank, path in _ranks_of_the_size(job_dir, me).items())
+
+
+# A running rank's samplers append to its files ten times a second: one silent this long is not running (its
+# process, or its node, was killed). Files on another host's clock are compared by their own modification times.
+STALE_S = 10.0
+
+
+ALIVE = ".alive"  # touched every HEARTBEAT_S while a rank analyses, after its script and samplers have ended
+HEARTBEAT_S = 2.0
+
+
+@contextlib.contextmanager
+def heartbeat(rank_dir: Path) -> Iterator[None]:
+    """While the rank analyses its bundle (nothing else writes into it then), it says it is alive."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                (rank_dir / ALIVE).touch()
+            stop.wait(HEARTBEAT_S)
+
+    thread = threading.Thread(target=beat, name="gpudoctor-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=1.0)
+        (rank_dir / ALIVE).unlink(missing_ok=True)
+
+
+def _still_writing(rank_dir: Path) -> bool:
+    newest = 0.0
+    for path in (rank_dir / ALIVE, rank_dir / "samples", *rank_dir.glob("*.jsonl"), *rank_dir.glob("samples/*.jsonl")):
+        try:
+            newest = max(newest, path.stat().st_mtime)
+        except OSError:
+            continue
+    return time.time() - newest < STALE_S
 
 
 def _ranks_of_the_size(job_dir: Path, me: LaunchedRank) -> dict[int, Path]:

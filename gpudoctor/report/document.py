@@ -188,6 +188,8 @@ class _RankFields(TypedDict):
     bundle: str
     host: str | None  # the host it ran on
     node_rank: int | None  # its node, as its launcher numbered the nodes
+    clock_offset_s: float | None  # its clock ahead of the first rank's, by the ends of their collectives
+    clock_residual_s: float | None  # what the offset is known to within
 
 
 class RankJson(_RankFields, total=False):
@@ -402,6 +404,7 @@ class RankRow(TypedDict):
     report_href: str | None  # the rank's report.html, relative to the merged one
     problems: int
     chart: StepChart | None
+    group: str | None  # the group of rows it opens or belongs to in a big job's table (gpudoctor.job.groups)
 
 
 # -- the documents -------------------------------------------------------------------------------------

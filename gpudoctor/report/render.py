@@ -72,6 +72,8 @@ def _environment() -> jinja2.Environment:
     env.globals["cpu_wait_text"] = cpu_wait_text
     env.globals["nodes_shown"] = nodes_shown
     env.globals["node_text"] = node_text
+    env.globals["clock_text"] = clock_text
+    env.globals["clocks_sentence"] = clocks_sentence
     env.filters["code_spans"] = _code_spans
     env.filters["when"] = _when
     env.filters["shell_quote"] = shlex.quote  # the compare line's run directory, pasted into a shell
@@ -91,6 +93,32 @@ def node_text(figures: Mapping[str, Any]) -> str:
     if node is not None:
         return f"node {node}" + (f" ({host})" if host else "")
     return host or "—"
+
+
+def clock_text(figures: Mapping[str, Any]) -> str:
+    """', clock +3.2 ms' beside a rank whose clock is measurably off the first rank's; '' otherwise."""
+    offset, residual = figures.get("clock_offset_s"), figures.get("clock_residual_s") or 0.0
+    if offset is None or abs(offset) <= max(residual, 5e-5):
+        return ""
+    return f", clock {'+' if offset > 0 else '-'}{_ms(abs(offset))}"
+
+
+def clocks_sentence(ranks: list[Any]) -> str:
+    """What the ranks table says of the hosts' clocks, where the ranks ran on more than one."""
+    if not nodes_shown(ranks):
+        return ""
+    measured = [r["figures"] for r in ranks if r["figures"].get("clock_offset_s") is not None]
+    if len(measured) < 2:
+        return (" The ranks' clocks could not be aligned (too few steps show collectives on every rank): where "
+                "their times are compared, each host's clock is taken as it is.")
+    spread = max(abs(f["clock_offset_s"]) for f in measured)
+    residual = max(f.get("clock_residual_s") or 0.0 for f in measured)
+    return (f" The ranks' clocks are aligned by the ends of their steps' last collectives, one moment on every "
+            f"rank: they differ from the first rank's by up to {_ms(spread)}, known to within {_ms(residual)}.")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms" if seconds < 0.01 else f"{seconds * 1e3:.1f} ms"
 
 
 def _code_spans(text: str) -> Markup:

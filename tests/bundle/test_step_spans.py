@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 
@@ -42,7 +43,7 @@ def test_the_first_steps_are_written_one_by_one_and_the_rest_as_spans_of_some_se
     assert [e.step for e in raw] == list(range(500))
     assert len(spans) == 3  # 2500 steps of ~10 ms: 25 s in spans of 10 s
     assert all(s.t1 - s.t0 < 10.1 for s in spans)
-    assert [(s.first_step, s.last_step) for s in spans][0][0] == 500 and spans[-1].last_step == 2999
+    assert spans[0].first_step == 500 and spans[-1].last_step == 2999
 
 
 def test_a_span_reads_back_as_its_steps_with_their_median_total_and_waits() -> None:
@@ -56,7 +57,7 @@ def test_a_span_reads_back_as_its_steps_with_their_median_total_and_waits() -> N
     assert sum(s.data_wait_cpu_s or 0 for s in back) == pytest.approx(sum(s.data_wait_cpu_s or 0 for s in steps))
     assert sum(s.batches for s in back) == 3000 and sum(s.backwards for s in back) == 3000
     assert all(s.plain for s in back)
-    assert all(a.t1 <= b.t0 + 1e-9 for a, b in zip(back, back[1:], strict=False))  # in order, never overlapping
+    assert all(a.t1 <= b.t0 + 1e-9 for a, b in itertools.pairwise(back))  # in order, never overlapping
     assert back[0].t0 == steps[0].t0 and back[-1].t1 == steps[-1].t1
 
 

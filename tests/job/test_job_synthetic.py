@@ -10,6 +10,7 @@ import pytest
 
 from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
 from gpudoctor.testing import BundleBuilder
+from gpudoctor.testing.builder import DEFAULT_START
 
 STEP_S, STEPS = 0.020, 8
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -240,3 +241,19 @@ def test_the_jobs_step_is_said_with_the_profilers_effect_on_the_rank_it_is_of(tm
     assert report["run"]["step_s"] == rank_1["step_s"]
     assert report["run"]["window_distortion"] == 1.053
     assert "the profiler slowed the steps it recorded" not in (tmp_path / "report.html").read_text()
+
+
+def test_a_ranks_clock_is_aligned_by_the_ends_of_its_collectives(tmp_path: Path) -> None:
+    """Rank 1's host clock runs 3 ms ahead: its steps and kernels all carry it. The ends of the steps' all-reduces,
+    one moment on both ranks, show it, and findings.json says it with the residual."""
+    _rank(tmp_path, 0, data_wait_s=0.0, compute=(0.0, 0.005), allreduce=(0.005, 0.019), workers=8)
+    b = BundleBuilder(tmp_path / "rank-1", pid=4100, start=DEFAULT_START + 0.003)
+    b.loader(num_workers=8)
+    for step in b.steps(STEPS, wall_s=STEP_S):
+        b.kernels([(step, 0.0, 0.017, "sm90_xmma_gemm_f32f32_tf32f32_f32_nn"), (step, 0.017, 0.002, ALLREDUCE)])
+    b.write()
+    report = write(diagnose([tmp_path], prepare_rules(RuleSelection())), tmp_path, ()).report
+    ranks = {r["rank"]: r for r in report["run"]["ranks"]}
+    assert ranks[0]["clock_offset_s"] == 0.0
+    assert ranks[1]["clock_offset_s"] == pytest.approx(0.003, abs=1e-6)
+    assert ranks[1]["clock_residual_s"] == pytest.approx(0.0, abs=1e-6)
