@@ -60,7 +60,7 @@ def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: Ru
         return RunDiagnosis(run, run_rules(run, checked, options, limits), [])
     windows = [run.for_window(info.index) for info in run.windows]
     per_window = [WindowResult(w, run_rules(w, checked, options, limits)) for w in windows]
-    result = EngineResult(_findings(per_window), _not_evaluated(per_window), _errors(per_window))
+    result = across_windows([(w.run.window, w.result) for w in per_window])
     return RunDiagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window])
 
 
@@ -75,11 +75,17 @@ def _cause(record: FindingRecord) -> FindingKey:
     return code, file, line, None if title is None else _NUMBER.sub("#", title)
 
 
-def _findings(per_window: list[WindowResult]) -> list[FindingRecord]:
+def across_windows(results: list[tuple[int, EngineResult]]) -> EngineResult:
+    """The rules' results in each window (by window index) as one: each finding once, as seen where it cost the
+    most, with a row per window it fired in; a rule not evaluated only where it was in no window."""
+    return EngineResult(_findings(results), _not_evaluated(results), _errors(results))
+
+
+def _findings(results: list[tuple[int, EngineResult]]) -> list[FindingRecord]:
     seen: dict[FindingKey, list[tuple[int, FindingRecord]]] = {}
-    for w in per_window:
-        for record in w.result.findings:
-            seen.setdefault(_cause(record), []).append((w.run.window, record))
+    for index, result in results:
+        for record in result.findings:
+            seen.setdefault(_cause(record), []).append((index, record))
     return rank([_combined(occurrences) for occurrences in seen.values()])
 
 
@@ -98,14 +104,14 @@ class _HasCode(Protocol):
 _Row = TypeVar("_Row", bound=_HasCode)
 
 
-def _not_evaluated(per_window: list[WindowResult]) -> list[NotEvaluatedRecord]:
+def _not_evaluated(results: list[tuple[int, EngineResult]]) -> list[NotEvaluatedRecord]:
     """Rules that could not be evaluated in any window (one evaluated in some window was evaluated)."""
-    everywhere = set.intersection(*({r.code for r in w.result.not_evaluated} for w in per_window))
-    return _first_per_code(r for w in per_window for r in w.result.not_evaluated if r.code in everywhere)
+    everywhere = set.intersection(*({r.code for r in result.not_evaluated} for _, result in results))
+    return _first_per_code(r for _, result in results for r in result.not_evaluated if r.code in everywhere)
 
 
-def _errors(per_window: list[WindowResult]) -> list[RuleErrorRecord]:
-    return _first_per_code(r for w in per_window for r in w.result.errors)
+def _errors(results: list[tuple[int, EngineResult]]) -> list[RuleErrorRecord]:
+    return _first_per_code(r for _, result in results for r in result.errors)
 
 
 def _first_per_code(rows: Iterable[_Row]) -> list[_Row]:

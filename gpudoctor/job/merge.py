@@ -20,6 +20,7 @@ from gpudoctor.bundle.findings import FindingRecord
 from gpudoctor.bundle.layout import ranks_linked_out
 from gpudoctor.engine import EngineResult, PreparedRules, RunDiagnosis, diagnose_windows
 from gpudoctor.engine.runner import evaluate_rules, rank, sized
+from gpudoctor.engine.windows import across_windows
 from gpudoctor.errors import BundleError
 from gpudoctor.job.figures import rank_figures, with_waits
 from gpudoctor.job.layout import job_bundles
@@ -66,7 +67,7 @@ def diagnose_job(paths: Sequence[Path], prepared: PreparedRules) -> JobDiagnosis
                           + "; ".join(row["reason"] for row in unreadable))
     unreadable += _missing_ranks(diagnosed, paths)
     job = _with_waits(Job([d.rank for d in diagnosed]))
-    result = run_job_rules(job, prepared)
+    result = _job_rules_over_windows(job, prepared)
     merged = merged_findings(job, result, [d.found.result for d in diagnosed])
     ranks = [replace(d, rank=waiting) for d, waiting in zip(diagnosed, job.ranks)]
     return JobDiagnosis(job, ranks, result, merged, unreadable)
@@ -113,6 +114,30 @@ def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDi
 def _with_waits(job: Job) -> Job:
     figures = with_waits([r.figures for r in job.ranks])
     return Job([replace(r, figures=f) for r, f in zip(job.ranks, figures)])
+
+
+def _job_rules_over_windows(job: Job, prepared: PreparedRules) -> EngineResult:
+    """The job's rules on the job as its reports show it; for a job profiled with --every, on the job in each
+    window every rank recorded, as one result whose findings say the windows they fired in."""
+    windows = _common_windows(job)
+    if len(windows) < 2:
+        return run_job_rules(job, prepared)
+    results = [(index, run_job_rules(_in_window(job, index), prepared)) for index in windows]
+    return across_windows(results)
+
+
+def _common_windows(job: Job) -> list[int]:
+    indices = [{w.index for w in r.run.windows} for r in job.ranks]
+    return sorted(set.intersection(*indices)) if indices else []
+
+
+def _in_window(job: Job, index: int) -> Job:
+    """The job seen through one profiling window of each rank."""
+    ranks = []
+    for r in job.ranks:
+        run = r.run.for_window(index)
+        ranks.append(RankRun(r.rank, run, rank_figures(r.rank, run, r.figures.bundle), r.findings))
+    return _with_waits(Job(ranks))
 
 
 def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:

@@ -38,12 +38,13 @@ def _line_of(path: str, marker: str) -> int:
     return next(n for n, text in enumerate(Path(path).read_text().splitlines(), 1) if f"# {marker}" in text)
 
 
-def _two_nodes(gd: Gpudoctor, outs: tuple[str, str], *script_args: str) -> list[subprocess.CompletedProcess[str]]:
+def _two_nodes(gd: Gpudoctor, outs: tuple[str, str], *script_args: str,
+               options: tuple[str, ...] = NODE_WINDOW) -> list[subprocess.CompletedProcess[str]]:
     """Two torchrun commands, one rank each, meeting at one c10d rendezvous: the job's two nodes."""
     port = _free_port()
     commands = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
                  "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "nodes-test",
-                 "-m", "gpudoctor", "profile", "--out", out, *NODE_WINDOW, script("ddp_train.py"), *script_args]
+                 "-m", "gpudoctor", "profile", "--out", out, *options, script("ddp_train.py"), *script_args]
                 for out in outs]
     started = [subprocess.Popen(c, cwd=gd.cwd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for c in commands]
@@ -196,3 +197,21 @@ def test_a_node_killed_mid_run_loses_nothing_of_either_node(gd: Gpudoctor) -> No
     assert ranks[1]["ending"] == "lost" and ranks[1]["steps_analysed"] > 0
     assert "Rank 1 ended without a word: its process or its node was killed" in merged["summary"]["verdict"]
     assert not [p.name for p in run.iterdir() if p.name.startswith(".merging")]
+
+
+def test_every_on_a_job_of_two_nodes_reports_on_each_and_the_jobs_findings_say_their_windows(gd: Gpudoctor) -> None:
+    """`--every 3s` on both nodes, one directory each: each node writes its report, and the merge's straggler
+    finding has a row for each profiling window it fired in."""
+    every = ("--every", "3s", *NODE_WINDOW)
+    ran = _two_nodes(gd, ("node0", "node1"), "--steps", "150", *SLOW, options=every)
+    for result in ran:
+        assert result.returncode == 0, result.stderr[-3000:]
+    for node in ("node0", "node1"):
+        assert (gd.cwd / node / "report.html").is_file() and (gd.cwd / node / "findings.json").is_file()
+    merged = gd.run("analyze", "node0", "node1", "--out", "job")
+    assert merged.returncode == 0, merged
+    job = checked_findings(gd.cwd / "job" / "findings.json")
+    assert len(job["windows"]) >= 2
+    straggler = _straggler(job)
+    assert straggler["title"].startswith("Rank 1 holds back the others")
+    assert len(straggler["windows"]) >= 2, straggler.get("windows")
