@@ -24,7 +24,7 @@ from gpudoctor import Finding, Run, rule
 
 
 # The docstring is the rule's documentation (`gpudoctor rules explain {code}`): a summary line, then the
-# paragraphs {sections}; gpudoctor refuses to load a rule without one of them.
+# paragraphs {sections}; a rule without one still loads and runs, and `gpudoctor rules check` says which it lacks.
 @rule("{code}", "{name}", category="{category}", severity="warning")
 def {function}(run: Run, max_wait_s: float = 0.2) -> Iterator[Finding]:
     """Steps wait longer than `max_wait_s` seconds for their next batch.

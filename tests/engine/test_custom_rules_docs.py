@@ -156,3 +156,13 @@ def test_the_package_example_installs_and_its_rules_are_listed(gd: Gpudoctor, tm
     shown = next(body for language, _, body in blocks() if language == "text" and "package:" in body)
     for line in shown.splitlines():
         assert line in listed.stdout.splitlines(), listed.stdout
+
+
+def test_the_category_table_names_every_category_with_the_slices_it_claims() -> None:
+    from gpudoctor.analysis.budget import SLICES_OF_CATEGORY
+    from gpudoctor.vocabulary import CATEGORIES
+
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|$", DOC.read_text(encoding="utf-8"), re.MULTILINE)
+    table = {name: tuple(re.findall(r"`(\w+)`", slices)) for name, slices in rows if name in CATEGORIES}
+    assert set(table) == set(CATEGORIES)
+    assert all(set(table[name]) == set(SLICES_OF_CATEGORY.get(name, ())) for name in CATEGORIES), table
