@@ -27,6 +27,7 @@ import msgspec
 
 from gpudoctor.bundle.jsonio import loads as _loads
 from gpudoctor.bundle.trace_file import inflated_cap, inflating_too_far, not_gzip, too_big
+from gpudoctor.errors import TraceNotJsonError
 
 # -- reading a big trace in chunks -----------------------------------------------------------------
 CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size (4 MB cost 12 MB
@@ -34,6 +35,9 @@ CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatev
 GZIP_READ = 64 << 10  # compressed bytes read at a time: the bomb check weighs what came out against what went in
 _KEY_OVERLAP = 256  # how far back a search of the next block starts: the key and the blanks around it
 _HEADER_MAX = 64 << 20  # the top-level keys before traceEvents (deviceProperties, ...) are small
+# The longest event read: the longest in fixtures/ is under 20 kB (a kernel's templated name and its args). One
+# longer (a string of hundreds of MB) is no profiler's, and reading it would hold it whole in memory.
+MAX_EVENT_BYTES = 32 << 20
 _WS = b" \t\r\n"
 _EVENTS_KEY = re.compile(rb'"traceEvents"[ \t\r\n]*:[ \t\r\n]*')
 _SEPARATOR = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events (and, rarely, inside one)
@@ -196,15 +200,26 @@ class TraceStream:
     # -- events out ------------------------------------------------------------------------------
     def _split(self, chunks: Iterator[bytes], select: Select | None) -> Iterator[list[Any]]:
         buf, pos = self._read_header(chunks)
+        searched = pos  # buf[pos:searched] holds no cut: a long event is searched once, not once per block
+        read = len(buf)  # bytes of JSON read, for saying where an event too long begins
         while True:
-            cut = _last_event_end(buf, pos, len(buf)) if len(buf) - pos >= CHUNK_BYTES else None
+            cut = None
+            if len(buf) - pos >= CHUNK_BYTES:
+                cut = _last_event_end(buf, max(pos, searched - _KEY_OVERLAP), len(buf))
+                searched = len(buf)
             if cut is None:  # too little to parse yet, or one event longer than all that was read
+                if len(buf) - pos > MAX_EVENT_BYTES + CHUNK_BYTES:
+                    raise TraceNotJsonError(
+                        f"{self.path} holds an event longer than {MAX_EVENT_BYTES >> 20} MB (from byte "
+                        f"{read - (len(buf) - pos):,} of its JSON): it is not a profiler trace.")
                 block = next(chunks, None)
                 if block is None:
                     yield self._last_events(buf, pos, select)
                     return
+                read += len(block)
                 # A block of blanks alone (padding between or after events) adds nothing to parse: keep one
                 # blank, so that the buffer, and each search of it for a cut, stays as long as the events.
+                searched -= pos
                 buf = buf[pos:] + (block if block.strip(_WS) else b" ")
                 pos = 0
                 continue
@@ -213,6 +228,7 @@ class TraceStream:
                 events, pos = _parse_before(buf, pos, cut)
             else:
                 pos = buf.index(b"{", cut)
+            searched = pos
             self._yielded = True
             yield events
 

@@ -4,6 +4,7 @@ read with the bad part left out; never a traceback, a hang or a findings.json th
 from __future__ import annotations
 
 import gzip
+import os
 import json
 import re
 import shutil
@@ -208,3 +209,38 @@ def _first_error(raw: bytes) -> str:
     except json.JSONDecodeError as exc:
         return f"{exc.msg} at byte {exc.pos}"
     raise AssertionError("the cut trace parsed")
+
+
+def _with_long_name(length: int) -> bytes:
+    """The recorded trace with one more event, whose name is `length` bytes of text that gzip hardly shrinks."""
+    name = os.urandom(length // 2).hex()
+    text = _trace_text().replace('"traceEvents": [', '"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "'
+                                 + name + '", "pid": 1, "tid": 1, "ts": 1, "dur": 1}, ', 1)
+    assert text.count(name) == 1
+    return text.encode()
+
+
+def test_an_event_longer_than_any_trace_holds_is_refused_in_one_sentence(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_stream, "MAX_EVENT_BYTES", 1 << 20)
+    monkeypatch.setattr(trace_stream, "CHUNK_BYTES", 64 << 10)
+    said = _refused(_write_gz(tmp_path / "t.json.gz", _with_long_name(4 << 20)))
+    assert "an event longer than 1 MB" in said and "not a profiler trace" in said, said
+
+
+def test_a_long_event_is_searched_once_not_once_per_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An event of 1 MB read in blocks of 16 kB: every search for a place to cut starts where the last one ended,
+    so the bytes searched stay near the trace's length (each search from the event's start made it quadratic)."""
+    monkeypatch.setattr(trace_stream, "CHUNK_BYTES", 16 << 10)
+    searched: list[int] = []
+    search = trace_stream._last_event_end
+
+    def counted(buf: bytes, lo: int, hi: int) -> int | None:
+        searched.append(hi - lo)
+        return search(buf, lo, hi)
+
+    monkeypatch.setattr(trace_stream, "_last_event_end", counted)
+    data = _with_long_name(1 << 20)
+    trace = parse_trace(_write_gz(tmp_path / "t.json.gz", data))
+    assert any(len(e.name) == 1 << 20 for e in trace.ops)
+    assert sum(searched) < 3 * len(data), (sum(searched), len(data))
