@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import msgspec
 
+from gpudoctor.bundle.free_space import FreeSpaceCheck
 from gpudoctor.errors import BundleError
 
 try:  # several times faster than the json module on untyped JSON
@@ -122,7 +123,8 @@ class JsonlWriter:
     """Appends one JSON record per line and flushes each, so a crash loses at most the line being written.
 
     A write the file system refuses (disk full, file too large, the directory gone) never raises: the writer
-    stops, keeps the error in `failed`, and tells `on_failure` once; what was written before stays whole.
+    stops, keeps the error in `failed`, and tells `on_failure` once; what was written before stays whole. So does
+    a write once the disk has less free than gpudoctor leaves to the script (bundle.free_space).
     """
 
     def __init__(self, path: Path, on_failure: Callable[[Path, OSError], None] | None = None) -> None:
@@ -134,12 +136,17 @@ class JsonlWriter:
         # Reentrant: a signal handler that writes (SIGTERM in the script's process) can interrupt a write
         # on the same thread, and must not wait for a lock that thread holds.
         self._lock = threading.RLock()
+        self._space = FreeSpaceCheck(path.parent)
 
     def write(self, record: object) -> None:
         line = encode(record) + b"\n"
         # ValueError: closed, possibly by a signal handler that interrupted this very write
         with self._lock, contextlib.suppress(ValueError):
             if self.failed is None:
+                short = self._space.short()
+                if short is not None:
+                    self._fail(short)
+                    return
                 try:
                     self._file.write(line)
                 except OSError as exc:

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from gpudoctor.bundle import PARTIAL_TRACE, RAW_TRACE, trace_name
 from gpudoctor.bundle.events import AnyEvent, CollectorEvent, WindowEvent
+from gpudoctor.bundle.free_space import short_of_space
 from gpudoctor.bundle.trace_file import gzip_file, json_size
 from gpudoctor.collect import cupti
 from gpudoctor.collect.config import WindowConfig
@@ -353,11 +354,15 @@ class ProfilerWindow:
         final = self._run_dir / trace_name(self.index)
         raw, partial = self._run_dir / RAW_TRACE, self._run_dir / PARTIAL_TRACE
         try:
+            # The trace takes the disk's free space only while that leaves the script its margin: before the
+            # export, and before its compressed copy is written beside it.
+            _raise_if_short(self._run_dir)
             # Exported as plain JSON and compressed here: torch's own .gz export writes line by line at level 9.
             with self._chatter.quiet():
                 profiler.export_chrome_trace(str(raw))
             if json_size(raw) < MIN_TRACE_BYTES:  # torch logs a failed write (a full disk) and goes on
                 raise OSError("the profiler wrote an empty trace: the run directory may be full")
+            _raise_if_short(self._run_dir)
             gzip_file(raw, partial)
             os.replace(partial, final)
         except Exception as exc:  # noqa: BLE001 - the window's trace is lost, the script runs on
@@ -374,3 +379,9 @@ class ProfilerWindow:
     def _fail(self, reason: str) -> None:
         self.state = FAILED
         self._emit(CollectorEvent(name="profiler", ok=False, reason=reason))
+
+
+def _raise_if_short(run_dir: Path) -> None:
+    short = short_of_space(run_dir)
+    if short is not None:
+        raise short

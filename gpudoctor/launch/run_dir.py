@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gpudoctor.bundle import EVENTS, FINDINGS, MANIFEST, REPORT, SAMPLE_FILES, SAMPLES_DIR, trace_names
+from gpudoctor.bundle.free_space import short_of_space
 from gpudoctor.bundle.layout import RANK_DIR
 from gpudoctor.collect.window import LOG
 from gpudoctor.errors import OutputInUseError, OutputNotWritableError, ScriptNotFoundError, ScriptNotPythonError
@@ -115,7 +116,13 @@ def stamped_dir(parent: Path, name: str) -> Path:
 def prepare_run_dir(run_dir: Path, earlier: Iterable[Path] = (), replaced: Iterable[Path] = ()) -> Path:
     """`run_dir` made, writable, and emptied of an earlier run's files (and of those of the `earlier` bundles in
     it; the `replaced` bundles are removed whole); its absolute path. Raises OutputNotWritableError, naming --out,
-    when it cannot be written."""
+    when it cannot be written, or when its disk has less free than gpudoctor leaves to the script (before anything
+    in it is touched)."""
+    short = short_of_space(run_dir)
+    if short is not None:
+        raise OutputNotWritableError(
+            f"{run_dir}: {short.strerror}; the script was not started: choose a directory with room with --out, "
+            "or set GPUDOCTOR_MIN_FREE_MB.")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         for directory in (run_dir, *earlier):

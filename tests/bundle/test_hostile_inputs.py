@@ -4,8 +4,8 @@ read with the bad part left out; never a traceback, a hang or a findings.json th
 from __future__ import annotations
 
 import gzip
-import os
 import json
+import os
 import re
 import shutil
 from pathlib import Path
