@@ -186,6 +186,9 @@ def _run_script(ctx: typer.Context, request: ProfileRequest, selection: _RuleArg
         loaded: list[PreparedRules | BaseException] = []
         outcome = run_profile(request, meanwhile=lambda: loaded.append(_prepare_or_error(selection)))
         prepared = loaded[0]
+    if not outcome.run_dir.is_dir():  # removed while the script ran: the note says so, the status is the script's
+        _say_each(outcome.message, outcome.note)
+        return _Ran(outcome.run_dir, outcome.exit_status, None)
     hint = misplaced_options(ctx, request, outcome)
     if hint is not None and _never_stepped(outcome.run_dir):  # the hint is all there is to say: no report
         _say_each(hint, outcome.note)

@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -69,7 +70,11 @@ class ProfilerChatter:
 
     def _log_fd(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            try:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            except OSError:  # the run directory is gone (removed while the script runs): the chatter goes nowhere
+                with tempfile.TemporaryFile() as scratch:  # unlinked already: gone with its last descriptor
+                    self._fd = os.dup(scratch.fileno())
         return self._fd
 
     def _redirect_stderr(self) -> tuple[int, int] | None:

@@ -147,6 +147,8 @@ def _facts_of(event: ProcessEvent | TorchEvent | EnvWindowEvent) -> dict[str, ob
 
 def finish_manifest(run_dir: Path, manifest: Manifest) -> str | None:
     """Write the final manifest; if the run directory refuses it (disk full), say so instead of failing the run."""
+    if not run_dir.is_dir():
+        return f"{run_dir} was removed while the script ran: there is no bundle to report on."
     try:
         write_json_atomic(run_dir / MANIFEST, manifest)
     except OSError as exc:
