@@ -27,6 +27,7 @@ from gpudoctor.collect.recorder import MaxStepsReached
 from gpudoctor.collect.session import (
     Session,
     exception_details,
+    hold_ctrl_c,
     let_native_threads_settle,
     mark_exiting_at_exit,
     stop_helpers,
@@ -108,6 +109,7 @@ def main(argv: list[str]) -> None:
         let_native_threads_settle()
         raise
     except KeyboardInterrupt as exc:
+        hold_ctrl_c()  # a second Ctrl-C must not break into gpudoctor's frames as the process ends
         session.finish("interrupted")
         if not (Path(config.run_dir) / STOPPING).is_file():  # Ctrl-C, not gpudoctor's own stop at --timeout
             traceback.print_exception(type(exc), exc, _without_gpudoctor(_trim(exc.__traceback__)))

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpudoctor.bundle import EXITING
@@ -60,14 +61,15 @@ class Session:
         if self._finished:
             return
         self._finished = True
-        deadline = exit_after(FINISH_DEADLINE_S, ENDING_STATUS.get(reason, 1 if code is None else code))
-        try:
-            self.instrumentation.uninstall()
-            self.recorder.finish(reason, code, exception)
-        except Exception as exc:  # noqa: BLE001 - gpudoctor must never change how the script ends
-            print(f"gpudoctor: could not finish recording: {exc}", file=sys.stderr)
-        finally:
-            deadline.cancel()
+        with ctrl_c_held():
+            deadline = exit_after(FINISH_DEADLINE_S, ENDING_STATUS.get(reason, 1 if code is None else code))
+            try:
+                self.instrumentation.uninstall()
+                self.recorder.finish(reason, code, exception)
+            except Exception as exc:  # noqa: BLE001 - gpudoctor must never change how the script ends
+                print(f"gpudoctor: could not finish recording: {exc}", file=sys.stderr)
+            finally:
+                deadline.cancel()
 
     @property
     def stopped_by_max_steps(self) -> bool:
@@ -132,6 +134,33 @@ def mark_exiting_at_exit(run_dir: Path) -> None:
             (run_dir / EXITING).write_text(str(os.getpid()), encoding="utf-8")
 
     atexit.register(mark)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    return None
+
+
+def hold_ctrl_c() -> None:
+    """From here on, Ctrl-C does nothing in this process (it is ending already: bootstrap, as the script's own
+    KeyboardInterrupt is caught)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _ignore)
+
+
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """While the script's end is recorded (its window's trace written), a Ctrl-C (a second one, most often, after
+    the one that stopped the script) does not break into gpudoctor's own frames: a plain run would have ended
+    already, and the process ends as it was ending, bounded by FINISH_DEADLINE_S."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN, None):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _ignore)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def terminate_after(seconds: float) -> None:

@@ -1,0 +1,39 @@
+"""Two Ctrl-C 0.15 s apart to the whole process group while the window records: the script's own KeyboardInterrupt
+is the only traceback, none of gpudoctor's frames shows, nothing half-written is left in the run directory, and the
+status is the one a plain run's Ctrl-C gives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import RUN_TIMEOUT_S, Gpudoctor, default_sigint, env_with, script
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_second_ctrl_c_does_not_break_into_gpudoctor(gd: Gpudoctor, attempt: int) -> None:
+    command = gd.command("profile", "--out", "run", "--wait-steps", "3", "--active-steps", "400",
+                         script("writes_log.py"), str(gd.cwd / "log.txt"), "100000")
+    process = subprocess.Popen(command, cwd=gd.cwd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, preexec_fn=default_sigint)
+    events = gd.cwd / "run" / "events.jsonl"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and (not events.is_file() or '"warmup"' not in events.read_text()):
+        time.sleep(0.1)
+    time.sleep(0.5)  # inside the window
+    os.killpg(process.pid, signal.SIGINT)
+    time.sleep(0.15)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert err.count("Traceback") == 1 and "KeyboardInterrupt" in err, err
+    assert "gpudoctor/collect" not in err and "gpudoctor/launch" not in err, err
+    assert process.returncode in (130, -signal.SIGINT), err
+    left = [p.name for p in (gd.cwd / "run").iterdir() if "partial" in p.name]
+    assert left == []
+    assert (gd.cwd / "run" / "report.html").is_file()
