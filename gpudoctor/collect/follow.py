@@ -19,6 +19,7 @@ its rank's RANK) is not that rank. Every recording process also watches gpudocto
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -265,7 +266,19 @@ def _watch(pid: int) -> None:
     else:
         select.select([descriptor], [], [])
         os.close(descriptor)
+    _end_descendants()
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _end_descendants() -> None:
+    """SIGTERM to every process this one started, and theirs: a rank writes its bundle first, a helper (a Pool's or
+    a DataLoader's worker, one stuck after a fork) ends, and none is left behind, orphaned, once gpudoctor is gone."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.send_signal(signal.SIGTERM)
 
 
 def _alive(pid: int) -> bool:

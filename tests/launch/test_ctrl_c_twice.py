@@ -21,7 +21,8 @@ def test_a_second_ctrl_c_does_not_break_into_gpudoctor(gd: Gpudoctor, attempt: i
     command = gd.command("profile", "--out", "run", "--wait-steps", "3", "--active-steps", "400",
                          script("writes_log.py"), str(gd.cwd / "log.txt"), "100000")
     process = subprocess.Popen(command, cwd=gd.cwd, env=env_with(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True, preexec_fn=default_sigint)
+                               text=True, start_new_session=True,
+                               preexec_fn=default_sigint)  # noqa: PLW1509 - one signal call, before exec
     events = gd.cwd / "run" / "events.jsonl"
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline and (not events.is_file() or '"warmup"' not in events.read_text()):
