@@ -152,6 +152,10 @@ class JsonlWriter:
                 except OSError as exc:
                     self._fail(exc)
 
+    def forget_lock(self) -> None:
+        """In a forked child: a lock another thread of the parent held at the fork would never be released."""
+        self._lock = threading.RLock()
+
     def _fail(self, exc: OSError) -> None:
         self.failed = exc
         with contextlib.suppress(OSError):

@@ -188,8 +188,13 @@ class Recorder:
         return self._stopping
 
     def disable_in_forked_child(self) -> None:
-        """A forked child inherits the recorder; it must not write into the parent's bundle."""
+        """A forked child inherits the recorder; it must not write into the parent's bundle. Its locks are made
+        anew: another thread of the parent (the GIL probe's, a window's) may have held one at the fork, and the
+        child has no such thread to release it."""
         self._disabled = True
+        self._lock = threading.RLock()
+        self._spans_lock = threading.RLock()
+        self.events.forget_lock()
 
     def on_window_change(self, listener: Callable[[bool], None]) -> None:
         """Call `listener(hooked)` whenever the window's detail steps, those with per-call hooks, start or end."""
