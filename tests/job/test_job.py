@@ -7,8 +7,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import RUN_TIMEOUT_S, Gpudoctor, checked_findings, env_with, script
@@ -83,13 +85,34 @@ def test_a_balanced_job_has_no_straggler(gd: Gpudoctor) -> None:
 
 
 def test_the_other_ranks_are_the_jobs_cpu_not_other_programs(gd: Gpudoctor) -> None:
+    """Rank 1 computes beside rank 0: the job's own demand, never "other programs". What other programs used is
+    measured here too (the host's busy time less the job's, from the kernel's counters), so that the verdict holds
+    on a busy host as on a quiet one."""
+    host_before, ours_before, started = _busy_s(), _children_cpu_s(), time.monotonic()
     _job(gd, "run", script("ddp_train.py"), "--steps", "40")
+    wall = time.monotonic() - started
+    really_other = max(0.0, (_busy_s() - host_before) - (_children_cpu_s() - ours_before)) / wall
     host = Run.from_bundle(gd.cwd / "run" / "rank-0").host.samples.host
     job = statistics.fmean(p.values["job_cores"] or 0.0 for p in host)
     other = statistics.fmean(p.values["other_cores"] or 0.0 for p in host)
-    assert job > 0.3 > other, (job, other)  # rank 1 computes beside rank 0: the job's own demand
+    assert job > 0.3, (job, other)  # both ranks' compute
+    assert other < really_other + 0.3, (job, other, really_other)  # rank 1 is not counted as another program
     result = gd.run("analyze", "run")
-    assert "GD504" not in [f["code"] for f in checked_findings(gd.cwd / "run" / "findings.json")["findings"]], result
+    if really_other < 0.3:  # a quiet host: nothing else to blame
+        assert "GD504" not in [f["code"] for f in checked_findings(gd.cwd / "run" / "findings.json")["findings"]], \
+            result
+
+
+def _busy_s() -> float:
+    """The host's CPU seconds spent on anything but idling, all cores together."""
+    times = psutil.cpu_times()
+    return sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def _children_cpu_s() -> float:
+    """The CPU seconds of this process's ended children, and theirs (the job, once its launcher has ended)."""
+    times = psutil.Process().cpu_times()
+    return times.children_user + times.children_system
 
 
 def test_node_directories_merge_by_global_rank(straggler_job: tuple[Gpudoctor, dict], gd: Gpudoctor) -> None:
