@@ -21,6 +21,7 @@ renumbered ProfilerStep#N and fresh correlation ids, keeping the events of --eve
   (b) `gpudoctor analyze TRACE` to findings.json, report.html and the text summary,
   (c) HolisticTraceAnalysis: TraceAnalysis(trace_dir=...) then get_idle_time_breakdown(), with its default
       parser (json) and, when ijson is installed beside it, its ijson_batch_and_compress parser,
+  (d) gunzip alone: the file inflated in blocks of 1 MB and thrown away, the floor of reading it,
 
 and prints the wall time and peak memory (ru_maxrss of the process and anything it waited for) of each,
 and the ratios. HTA is run with --hta-python (a virtual environment with HolisticTraceAnalysis, as its
@@ -42,7 +43,15 @@ from figures import Figures, add_json_option
 from synthetic_trace import FIXTURE, MB, MIXES, build_trace
 from timing import BARE, cpu_model, has_module, measure_in_turn, versions
 
-TARGET_VS_HTA, TARGET_VS_BARE, TARGET_MEMORY_VS_HTA = 10.0, 1.0, 0.25
+TARGET_VS_HTA, TARGET_VS_BARE, TARGET_MEMORY_VS_HTA, TARGET_VS_GUNZIP = 10.0, 1.0, 0.25, 2.0
+
+# The floor of reading a trace: inflating it, nothing else (in the blocks gpudoctor's reader inflates).
+GUNZIP = """
+import gzip, sys
+with gzip.open(sys.argv[1], "rb") as f:
+    while f.read(1 << 20):
+        pass
+"""
 
 HTA = """
 import logging, sys
@@ -103,7 +112,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hta-backends", default=None,
                         help="comma-separated HTA parsers (default: json, plus ijson_batch_and_compress "
                              "when ijson is installed beside HTA)")
-    parser.add_argument("--skip", default="", help="comma-separated: bare, gpudoctor, hta")
+    parser.add_argument("--skip", default="", help="comma-separated: bare, gunzip, gpudoctor, hta")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each, in turn (the least wall time is shown, all of them beside it)")
     add_json_option(parser)
@@ -134,6 +143,8 @@ def bench_mix(args: argparse.Namespace, mix: str, skip: set[str], hta_python: st
     commands = []
     if "bare" not in skip:
         commands.append(("(a) bare parse: orjson.loads", [sys.executable, "-c", BARE, str(trace)], logs / "bare.log"))
+    if "gunzip" not in skip:
+        commands.append(("(d) gunzip alone", [sys.executable, "-c", GUNZIP, str(trace)], logs / "gunzip.log"))
     if "gpudoctor" not in skip:
         commands.append(("(b) gpudoctor analyze", [sys.executable, "-m", "gpudoctor", "analyze", str(trace),
                                                    "--out", str(out)], logs / "gpudoctor.log"))
@@ -189,8 +200,12 @@ def print_table(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[
 
 def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
     by = {r["label"].split(" ")[0]: r for r in rows if r["rc"] == 0}
-    gd, bare = by.get("(b)"), by.get("(a)")
+    gd, bare, gunzip = by.get("(b)"), by.get("(a)"), by.get("(d)")
     lines = []
+    if gd and gunzip:
+        t = gd["wall_s"] / gunzip["wall_s"]
+        lines.append(f"gpudoctor vs gunzip alone: {t:.2f}x the time (target <= {TARGET_VS_GUNZIP:g}x: "
+                     f"{_met(t <= TARGET_VS_GUNZIP)})")
     if gd and bare:
         t, m = gd["wall_s"] / bare["wall_s"], gd["maxrss_kib"] / bare["maxrss_kib"]
         lines.append(f"gpudoctor vs bare parse: {t:.2f}x the time (target <= {TARGET_VS_BARE:g}x: "
