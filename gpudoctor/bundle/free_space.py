@@ -19,7 +19,7 @@ CHECK_EVERY_S = 1.0  # statvfs costs microseconds; a writer looks at most this o
 def min_free_bytes() -> int:
     try:
         return max(0, int(float(os.environ.get("GPUDOCTOR_MIN_FREE_MB", DEFAULT_MIN_FREE_MB)) * (1 << 20)))
-    except ValueError:
+    except (ValueError, OverflowError):
         return DEFAULT_MIN_FREE_MB << 20
 
 

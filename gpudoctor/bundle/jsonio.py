@@ -127,7 +127,9 @@ class JsonlWriter:
     a write once the disk has less free than gpudoctor leaves to the script (bundle.free_space).
     """
 
-    def __init__(self, path: Path, on_failure: Callable[[Path, OSError], None] | None = None) -> None:
+    def __init__(self, path: Path, on_failure: Callable[[Path, OSError], None] | None = None,
+                 keep_free: bool = True) -> None:
+        """`keep_free` False: a file written once the script has ended (nothing of the script's left to protect)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.failed: OSError | None = None
@@ -136,14 +138,14 @@ class JsonlWriter:
         # Reentrant: a signal handler that writes (SIGTERM in the script's process) can interrupt a write
         # on the same thread, and must not wait for a lock that thread holds.
         self._lock = threading.RLock()
-        self._space = FreeSpaceCheck(path.parent)
+        self._space = FreeSpaceCheck(path.parent) if keep_free else None
 
     def write(self, record: object) -> None:
         line = encode(record) + b"\n"
         # ValueError: closed, possibly by a signal handler that interrupted this very write
         with self._lock, contextlib.suppress(ValueError):
             if self.failed is None:
-                short = self._space.short()
+                short = self._space.short() if self._space is not None else None
                 if short is not None:
                     self._fail(short)
                     return

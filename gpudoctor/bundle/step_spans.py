@@ -36,6 +36,9 @@ MAX_EXACT = 64
 STEP_BIN = math.log(1.01)  # bins 1% wide: a value read back is within 0.5% of the one written
 _SMALLEST = 1e-7  # a wall time or wait below it (0.1 us) is kept as 0.1 us (a wait as none)
 _GOLDEN = (math.sqrt(5) - 1) / 2
+# A profiling window's steps are written one by one, whatever they carry: the trace is aligned by their times
+# (a CPU-only run's warm-up and active steps carry no CUDA memory figures, and would otherwise look plain).
+PROFILED = ("warmup", "active", "detail")
 
 
 def to_bin(seconds: float) -> int:
@@ -62,7 +65,7 @@ class StepSpans:
         self._pending: _Pending | None = None
 
     def take(self, event: StepEvent) -> list[StepEvent | StepSpanEvent]:
-        if not event.plain or event.step < self.raw_steps:
+        if not event.plain or event.window in PROFILED or event.step < self.raw_steps:
             return [*self.flush(), event]
         written: list[StepEvent | StepSpanEvent] = []
         pending = self._pending
@@ -77,12 +80,14 @@ class StepSpans:
 
     def flush(self) -> list[StepEvent | StepSpanEvent]:
         """The steps gathered so far, as one span (a single step as itself); nothing when none are."""
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is None or not pending.steps:
             return []
-        if len(pending.steps) == 1:
-            return [pending.steps[0]]
-        return [summarise(pending.steps)]
+        # Summarised before it is let go: a Ctrl-C meanwhile leaves it pending, for the end's flush to write.
+        written: list[StepEvent | StepSpanEvent] = [pending.steps[0] if len(pending.steps) == 1
+                                                    else summarise(pending.steps)]
+        self._pending = None
+        return written
 
 
 def summarise(steps: list[StepEvent]) -> StepSpanEvent:

@@ -271,14 +271,39 @@ def _watch(pid: int) -> None:
 
 
 def _end_descendants() -> None:
-    """SIGTERM to every process this one started, and theirs: a rank writes its bundle first, a helper (a Pool's or
-    a DataLoader's worker, one stuck after a fork) ends, and none is left behind, orphaned, once gpudoctor is gone."""
+    """SIGTERM to the processes this one started that record nothing, and theirs (a Pool's worker, one stuck after
+    a fork): none is left behind, orphaned, once gpudoctor is gone. A rank that records ends itself, by its own
+    guard (a second SIGTERM would cut its bundle short), and its DataLoader workers are its own to end."""
     import psutil
 
+    recording = _recording_pids()
     with contextlib.suppress(psutil.Error):
-        for child in psutil.Process().children(recursive=True):
+        pending = psutil.Process().children()
+        while pending:
+            child = pending.pop()
+            if child.pid in recording:
+                continue
             with contextlib.suppress(psutil.Error):
+                pending.extend(child.children())
                 child.send_signal(signal.SIGTERM)
+
+
+def _recording_pids() -> set[int]:
+    """The processes of the job's ranks, each from the first process event of its bundle."""
+    from gpudoctor.bundle.layout import rank_dirs
+
+    config = _config()
+    if config is None:
+        return set()
+    pids = set()
+    for bundle in rank_dirs(Path(config.job_dir), with_manifest=False).values():
+        with contextlib.suppress(OSError, ValueError), open(bundle / "events.jsonl", "rb") as events:
+            for _, line in zip(range(8), events, strict=False):
+                record = json.loads(line)
+                if record.get("kind") == "process" and isinstance(record.get("pid"), int):
+                    pids.add(record["pid"])
+                    break
+    return pids
 
 
 def _alive(pid: int) -> bool:

@@ -232,7 +232,7 @@ def _with_job_cpu(row: HostRow, everyone: ProcsRow | None, own: set[int]) -> Hos
 def _write_rows(path: Path, rows: list) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
-    writer = JsonlWriter(path)
+    writer = JsonlWriter(path, keep_free=False)  # the job has ended: its samples, moved, take no more room
     for row in rows:
         writer.write(row)
     writer.close()

@@ -171,12 +171,14 @@ def _others_running(job_dir: Path, me: LaunchedRank) -> bool:
     """Whether a rank of this job that has not finished writes into `job_dir` too (a directory the nodes share),
     and still does: one whose files have not changed for STALE_S was killed with its node, and is not waited for."""
     done = _markers(job_dir, me)
-    return any(rank not in done and _job_of(path) == me.job and _still_writing(path)
+    now = _filesystem_now(job_dir)
+    return any(rank not in done and _job_of(path) == me.job and _still_writing(path, now)
                for rank, path in _ranks_of_the_size(job_dir, me).items())
 
 
-# A running rank's samplers append to its files ten times a second: one silent this long is not running (its
-# process, or its node, was killed). Files on another host's clock are compared by their own modification times.
+# A running rank's gpudoctor touches its heartbeat every HEARTBEAT_S, from its start to its report's end (its
+# samplers write besides): one silent this long is not running (its process, or its node, was killed). Times are
+# the filesystem's (a shared one stamps every host's files by one clock), never this host's own.
 STALE_S = 10.0
 
 
@@ -186,7 +188,8 @@ HEARTBEAT_S = 2.0
 
 @contextlib.contextmanager
 def heartbeat(rank_dir: Path) -> Iterator[None]:
-    """While the rank analyses its bundle (nothing else writes into it then), it says it is alive."""
+    """While the rank runs and analyses its bundle, it says it is alive (its samplers may be silent: a disk under
+    the margin, bundle.free_space; nothing else writes while it analyses)."""
     stop = threading.Event()
 
     def beat() -> None:
@@ -205,14 +208,26 @@ def heartbeat(rank_dir: Path) -> Iterator[None]:
         (rank_dir / ALIVE).unlink(missing_ok=True)
 
 
-def _still_writing(rank_dir: Path) -> bool:
+def _filesystem_now(job_dir: Path) -> float:
+    """The time the filesystem of `job_dir` stamps a file with now; this host's clock where nothing can be written."""
+    probe = job_dir / f".clock-{socket.gethostname()}-{os.getpid()}"
+    try:
+        probe.touch()
+        stamped = probe.stat().st_mtime
+        probe.unlink()
+    except OSError:
+        return time.time()
+    return stamped
+
+
+def _still_writing(rank_dir: Path, now: float) -> bool:
     newest = 0.0
     for path in (rank_dir / ALIVE, rank_dir / "samples", *rank_dir.glob("*.jsonl"), *rank_dir.glob("samples/*.jsonl")):
         try:
             newest = max(newest, path.stat().st_mtime)
         except OSError:
             continue
-    return time.time() - newest < STALE_S
+    return now - newest < STALE_S
 
 
 def _ranks_of_the_size(job_dir: Path, me: LaunchedRank) -> dict[int, Path]:

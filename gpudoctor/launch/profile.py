@@ -20,7 +20,7 @@ from gpudoctor.bundle import EVENTS, EXITING, MANIFEST, STOPPING, write_json_ato
 from gpudoctor.collect import follow
 from gpudoctor.collect.config import ChildConfig
 from gpudoctor.collect.stub import child_arguments, child_command
-from gpudoctor.launch import followed, prestart
+from gpudoctor.launch import followed, inner_job, prestart
 from gpudoctor.launch.ending import describe_ending
 from gpudoctor.launch.manifest import base_manifest, child_report, exit_info, final_manifest, finish_manifest
 from gpudoctor.launch.ranks import torchrun_rank
@@ -51,8 +51,11 @@ def profile(request: ProfileRequest, meanwhile: Callable[[], None] | None = None
         check_script(request.script)
     run_dir = make_run_dir(request.out, request.target_name)
     claim(run_dir)  # a second `gpudoctor profile` into it is refused while this one records (launch.recording)
+    # A rank of a job whose ranks merge themselves says it is alive to the other nodes' ranks waiting for it
+    alive = inner_job.heartbeat(run_dir) if inner_job.merges_itself() else contextlib.nullcontext()
     try:
-        return _profile_into(run_dir, request, meanwhile)
+        with alive:
+            return _profile_into(run_dir, request, meanwhile)
     finally:
         release(run_dir)
 

@@ -45,7 +45,7 @@ def _clear(path: Path) -> None:
 
 
 def write_jsonl(path: Path, records: Iterable[msgspec.Struct]) -> None:
-    writer = JsonlWriter(path)
+    writer = JsonlWriter(path, keep_free=False)  # a bundle built in code: no script to leave room to
     try:
         for record in records:
             writer.write(record)

@@ -115,3 +115,12 @@ def test_a_long_runs_stalls_are_found_at_their_line_through_the_spans(gd: Gpudoc
     assert result.findings()["run"]["steps_total"] == 1500
     finding = assert_fires(result, "GD701", "periodic_stall", script, line_of(script, "SAVE"))
     assert evidence(finding)["every"] == 40
+
+
+def test_a_windows_steps_are_written_one_by_one_even_when_they_carry_nothing_else() -> None:
+    """On a CPU-only run the first window's warm-up and active steps carry no CUDA memory figures and look plain:
+    they are still written whole, the trace being aligned by their times."""
+    steps = [msgspec.structs.replace(s, window="active") for s in _steps(20)]
+    assert all(s.plain for s in steps)
+    written = _written(steps, StepSpans(raw_steps=0))
+    assert written == steps
