@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from gpudoctor import Finding, NotEvaluated, OptimizerRemedy, Remedy, Run, rule
-from gpudoctor.analysis import OptimizerInfo, optimizer_step_s
+from gpudoctor.analysis import OptimizerInfo, optimizer_share, optimizer_step_s
 
 # torch.optim's optimizers with a fused kernel for CPU tensors as well as CUDA ones (torch 2.4 and later).
 FUSED_ON_CPU = ("Adam", "AdamW", "SGD", "Adagrad")
@@ -36,21 +36,20 @@ def optimizer_per_tensor_loop(run: Run, min_share: float = 0.1, min_tensors: int
 
     Impact: the host's time in `step()` per step, less what the fused step would take (`fused_speedup`
     times shorter: on an H100, optimizer_foreach_bad's Adam step took 18.8 ms of host time, its fused twin's
-    1.8 ms), as
-    a share of the step at the run's pace; on a GPU, at most the GPU's idle while the host works (the budget's
-    host-side slices, which a launch-bound step's GD301 claims too: the optimizer's share is counted here,
-    the rest there).
+    1.8 ms), as a share of the step at the run's pace; on a GPU, at most the GPU's idle while the host works
+    (the budget's host-side slices, which a launch-bound step's GD301 claims too: the optimizer's share is
+    counted here, the rest there). On a run without GPU activity the step is the host's own work, which the
+    fix shrinks: the host's time in `step()` is its share of the detail steps, at the run's pace.
     """
     steps = run.require_steps()
     if not run.sites.optimizers:
         raise NotEvaluated("the optimizers were not recorded (a bundle recorded before gpudoctor recorded them)"
                            if run.step_source == "optimizer" else "the script stepped no optimizer")
-    step_opt_s = optimizer_step_s(run.step_view.hooked_steps)
-    step_s = run.pace.seconds
+    hooked, step_s, budget = run.step_view.hooked_steps, run.pace.seconds, run.budget
+    step_opt_s = optimizer_step_s(hooked) if budget is not None else _at_pace(optimizer_share(hooked), step_s)
     if step_opt_s is None or not step_s:
         raise NotEvaluated("optimizer.step() was not timed (it is in the profiling window's detail steps)")
     every = sum(o.tensors for o in run.sites.optimizers) or 1
-    budget = run.budget
     for opt in run.sites.optimizers:
         if not opt.per_tensor or opt.tensors < min_tensors:
             continue
@@ -61,6 +60,16 @@ def optimizer_per_tensor_loop(run: Run, min_share: float = 0.1, min_tensors: int
         if share < min_share:
             continue
         yield _finding(opt, opt_s, step_s, share, len(steps))
+
+
+def _at_pace(share: float | None, step_s: float | None) -> float | None:
+    """The optimizer's time per step at the run's pace, on a run without GPU activity: its share of the detail
+    steps it was timed in. slow_optimizer.py --impl loop on a 2-core host: 3.7 ms of 8.1 ms detail steps, at a
+    3.8 ms pace; its own time, 3.7 ms, would leave forward and backward nothing. Plainly its loop took 61% of a
+    3.8 ms step, and the fused twin's step 50% less (GD312's impact: 41%). On a GPU the host's time in step() is
+    the launches the GPU waits for, which the hooks slow less than the rest: optimizer_foreach_bad's 22.4 ms of
+    47.4 ms detail steps at a 35.5 ms pace predicts 57% as its own time, and its fused twin measured 55%."""
+    return share * step_s if share is not None and step_s else None
 
 
 def _finding(opt: OptimizerInfo, opt_s: float, step_s: float, share: float, steps: int) -> Finding:

@@ -26,7 +26,7 @@ from gpudoctor.analysis.loader_cpu import (
     loading_time,
     worker_cpu_per_batch_s,
 )
-from gpudoctor.analysis.optimizers import OptimizerInfo, optimizer_step_s
+from gpudoctor.analysis.optimizers import OptimizerInfo, optimizer_share, optimizer_step_s
 from gpudoctor.analysis.precision import Precision
 from gpudoctor.analysis.run import MOVED, NotEvaluated, Run, RunNameMoved
 from gpudoctor.analysis.settings import (
@@ -70,6 +70,6 @@ __all__ = [
     "Run", "RunNameMoved", "Samples", "SeriesPoint", "Setting", "Stall", "Stalls", "Startup", "Step", "StepTime",
     "StepView", "SyncSite", "ThreadInfo", "Throughput", "WindowInfo", "batch_setting", "call_of", "compile_setting",
     "cores_per_rank", "cpu_wait_evidence", "flag_value", "gpu_memory", "loader_limit_s", "loader_setting",
-    "loader_workers", "loading_time", "optimizer_step_s", "out_of_memory", "paced_steps", "precision_option",
-    "setting_at", "settings_location", "worker_cpu_per_batch_s",
+    "loader_workers", "loading_time", "optimizer_share", "optimizer_step_s", "out_of_memory", "paced_steps",
+    "precision_option", "setting_at", "settings_location", "worker_cpu_per_batch_s",
 ]

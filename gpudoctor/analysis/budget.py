@@ -81,6 +81,10 @@ SLICES_OF_CATEGORY: dict[str, tuple[str, ...]] = {
 # idle that a launch-bound step's finding (small_batch) claims as a whole. They draw on that category's share
 # first, so that no ms is counted twice and the cause named keeps its time (engine.runner.within_slices).
 CLAIMED_WITHIN: dict[str, str] = {"optimizer": "small_batch", "compile": "small_batch", "gpu_memory": "small_batch"}
+# Categories whose fixes shrink the step's own work rather than a wait: on a run without GPU activity, whose budget
+# is the host's time (`host_budget`), they claim its floor, the host's own work, as well as the rest of the step (a
+# CPU optimizer's per-tensor loop is the main thread's work; its fused kernel does less of it).
+SHRINKS_THE_WORK = ("precision", "optimizer", "compile")
 
 
 # The slices in which the GPU idles (a blocking copy's slice also holds copies with no kernel beside them).

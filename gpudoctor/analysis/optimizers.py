@@ -51,3 +51,12 @@ def optimizer_step_s(steps: Sequence[Step]) -> float | None:
     None where none did."""
     timed = [s.optimizer_s for s in steps if s.optimizer_s is not None]
     return statistics.fmean(timed) if timed else None
+
+
+def optimizer_share(steps: Sequence[Step]) -> float | None:
+    """The share of the steps that timed optimizer.step() (the window's detail steps) spent in it; None where none
+    did. Where the step is all the host's own work (no GPU activity), the detail steps' hooks slow every part of
+    it alike: this share, at the run's pace, is the optimizer's time outside the window."""
+    timed = [s for s in steps if s.optimizer_s is not None and s.wall_s > 0]
+    wall = sum(s.wall_s for s in timed)
+    return sum(s.optimizer_s or 0.0 for s in timed) / wall if wall > 0 else None

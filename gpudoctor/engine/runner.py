@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from gpudoctor.analysis import Run
-from gpudoctor.analysis.budget import CLAIMED_WITHIN, SLICES_OF_CATEGORY, Budget
+from gpudoctor.analysis.budget import CLAIMED_WITHIN, SHRINKS_THE_WORK, SLICES_OF_CATEGORY, Budget
 from gpudoctor.analysis.shares import claim_budget
 from gpudoctor.bundle.findings import FindingRecord, NotEvaluatedRecord, RuleErrorRecord
 from gpudoctor.engine.api import Rule, RuleFunction, rule_of
@@ -249,9 +249,12 @@ def _one_claim(holder: FindingRecord, record: FindingRecord, idle: bool) -> bool
 
 def _claimed(category: str, idle: bool) -> tuple[str, ...]:
     """The slices a finding of `category` claims; of a host's budget (`idle` False), its one slice of time that
-    fixes can take (analysis.budget.host_budget), which holds all a GPU's idle would be split into."""
+    fixes of a wait can take (analysis.budget.host_budget), which holds all a GPU's idle would be split into, and
+    for a fix that shrinks the work itself, the host's own work too."""
     names = SLICES_OF_CATEGORY.get(category, ())
-    return names if idle or not names else ("host",)
+    if idle or not names:
+        return names
+    return ("host", "gpu_busy") if category in SHRINKS_THE_WORK else ("host",)
 
 
 def _take(left: dict[str, float], names: list[str], seconds_share: float) -> None:

@@ -83,6 +83,23 @@ def test_the_optimizer_keeps_its_ms_and_the_launch_bound_finding_the_rest(tmp_pa
     assert findings["GD301"].impact == pytest.approx(idle - 0.54, abs=0.01)
 
 
+def test_on_a_run_without_gpu_activity_the_optimizer_is_its_share_of_the_step_and_claims_the_hosts_work(
+        tmp_path) -> None:
+    """The step is the main thread's own work, which a fused optimizer shrinks: GD312 keeps its saving out of that
+    work, and sizes the loop by its share of the detail steps (their hooks slow the whole step alike), at the pace."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 4))
+    b.steps(3, wall_s=0.01)
+    b.steps(4, wall_s=0.02, optimizer_s=0.006)  # the detail steps: 30% in optimizer.step()
+    b.steps(20, wall_s=0.01)  # the pace, outside the window
+    b.process(1.0)  # the main thread computes the whole step: nothing of it is a wait
+    b.event(adam(devices=["cpu"]))
+    run = b.build()
+    assert run.budget is None  # no GPU activity
+    [finding] = run_rules(run, rules("GD312")).findings
+    assert finding.impact == pytest.approx(0.3 * 0.9, abs=0.01)  # 3 ms of the 10 ms step, 10x shorter fused
+    assert "3.0 ms of each 10.0 ms step" in finding.title
+
+
 # -- GD313 fusible-work-not-compiled ------------------------------------------------------------------------
 def eager_run(tmp_path, kernel_name: str = ELEMENTWISE, module: str = "Model"):
     """Launch-bound steps of 5 ms: 100 kernels of 2 µs each."""
