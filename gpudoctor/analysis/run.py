@@ -9,6 +9,8 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from gpudoctor import bundle as bundle_io
 from gpudoctor.analysis.batch_growth import BatchGrowth, batch_growth, kernel_fills
 from gpudoctor.analysis.budget import Budget, step_budget
@@ -78,12 +80,21 @@ class Run:
         self.window = window
         self._whole = RunEvents(events)
         self._trace_path = trace_path
-        self._host_samples, self._proc_samples, self._gpu_samples = host_samples, proc_samples, gpu_samples
+        self._sampled: tuple[list[HostRow], list[ProcsRow], list[GpuRow]] | bytes = (
+            host_samples, proc_samples, gpu_samples)  # or as msgpack, decoded when first read (`_samples`)
         # Told of each chunk of the trace read, (done, total) in bytes: `gpudoctor analyze` sets it to draw its
         # progress line on a terminal.
         self.trace_progress: Callable[[int, int], None] | None = None
 
     # -- construction ----------------------------------------------------------------------------
+    def __reduce__(self) -> tuple[Callable[..., Run], tuple[Any, ...]]:
+        """A run pickles as what it was made of and its trace as read (another process's analysis of a job's rank,
+        gpudoctor.job.parallel): its views are made again where they are asked for, without reading the trace
+        again; the samples travel as msgpack, many times faster to load than pickled rows."""
+        samples = self._sampled if isinstance(self._sampled, bytes) else msgspec.msgpack.encode(self._sampled)
+        trace_read = self.__dict__.get("_trace_read")
+        return _unpickled, (self.manifest, self._whole, self._trace_path, samples, self.path, self.window, trace_read)
+
     @classmethod
     def from_bundle(cls, path: Path | str) -> Run:
         b = bundle_io.load(Path(path))
@@ -109,7 +120,7 @@ class Run:
             raise ValueError(f"this run has no profiling window {index}")
         trace = bundle_file(self.path, bundle_io.trace_name(index)) if self.path is not None else None
         run = Run(self.manifest, [], trace,
-                  self._host_samples, self._proc_samples, self._gpu_samples, path=self.path, window=index)
+                  *self._samples(), path=self.path, window=index)
         run._whole = self._whole  # the run's events, split by window once for every window
         run.trace_progress = self.trace_progress
         return run
@@ -188,13 +199,21 @@ class Run:
     @cached_property
     def host(self) -> HostView:
         """The script's processes, threads and samples, and the machine (analysis.host_view)."""
-        return HostView(self.manifest, self.events, self.step_view, self._host_samples, self._proc_samples,
-                        self._gpu_samples)
+        return HostView(self.manifest, self.events, self.step_view, *self._samples())
+
+    def _samples(self) -> tuple[list[HostRow], list[ProcsRow], list[GpuRow]]:
+        """The host's, the processes' and the GPUs' samples."""
+        if isinstance(self._sampled, bytes):
+            self._sampled = _SAMPLES.decode(self._sampled)
+        return self._sampled
 
     @cached_property
     def job_time(self) -> JobTime:
         """Where the job's time goes outside its steady steps: start-up, stalls, compilation (analysis.job_time)."""
-        return JobTime(self.manifest, self.events, self.step_view, lambda: self.pace.seconds)
+        return JobTime(self.manifest, self.events, self.step_view, self._pace_seconds)
+
+    def _pace_seconds(self) -> float | None:
+        return self.pace.seconds  # a method, not a lambda: an analysed run pickles (gpudoctor.job.parallel)
 
     @cached_property
     def sites(self) -> CallSites:
@@ -382,3 +401,16 @@ class _Moved:
 
 for _old, _path in MOVED.items():
     setattr(Run, _old, _Moved(_old, _path))
+
+
+_SAMPLES = msgspec.msgpack.Decoder(tuple[list[HostRow], list[ProcsRow], list[GpuRow]])
+
+
+def _unpickled(manifest: Manifest, whole: RunEvents, trace_path: Path | None, samples: bytes, path: Path | None,
+               window: int, trace_read: tuple[TraceData | None, str | None, BundleError | None] | None) -> Run:
+    """A run pickled by `Run.__reduce__`."""
+    run = Run(manifest, [], trace_path, [], [], [], path=path, window=window)
+    run._whole, run._sampled = whole, samples
+    if trace_read is not None:
+        run.__dict__["_trace_read"] = trace_read  # the cached_property's value: the trace is not read again
+    return run

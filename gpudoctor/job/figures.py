@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from gpudoctor.analysis import Run, loader_limit_s, worker_cpu_per_batch_s
 from gpudoctor.analysis.collectives import collective_ends, collective_s_per_step, exposed_per_step
 from gpudoctor.analysis.shares import gpu_idle_share
+from gpudoctor.bundle.events import RankEvent
 from gpudoctor.job.clocks import ClockOffset, clock_offsets
 from gpudoctor.report.document import RankJson, RankTimeJson
 
@@ -97,6 +98,10 @@ class RankFigures:
     # When each analysed step's last collective ended, on the rank's own clock, by step index
     collective_end_by_step: Mapping[int, float] = field(default_factory=dict)
     clock: ClockOffset | None = None  # its clock against the job's first rank's (set across ranks, by with_waits)
+    # How gpudoctor came to record it (its RankEvents' sources) and the frameworks its script ran on: what tells the
+    # job's launcher (gpudoctor.job.launcher)
+    recorded_as: frozenset[str] = frozenset()
+    frameworks: frozenset[str] = frozenset()
 
     def to_json(self) -> RankJson:
         row: RankJson = {
@@ -147,6 +152,8 @@ def rank_figures(rank: int, run: Run, bundle: str) -> RankFigures:
         run_delay_share=run.host.cpu_wait.main_thread,
         host_lines=tuple((where.file, where.line, share) for where, share in run.sites.host_lines[:10]
                          if where.file is not None and where.line is not None),
+        recorded_as=frozenset(event.source for event in run.events(RankEvent)),
+        frameworks=frozenset(run.host.env.frameworks),
     )
 
 

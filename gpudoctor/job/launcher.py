@@ -9,15 +9,14 @@ The frameworks the script ran on (`Env.frameworks`) tell Lightning's and acceler
 
 from __future__ import annotations
 
-from gpudoctor.bundle.events import RankEvent
 from gpudoctor.job.model import Job
 
 
 def launcher_of(job: Job) -> str | None:
     """"torchrun", "Lightning", "mp.spawn" or "accelerate"; None where the bundles do not tell (ranks a script
     started with a RANK of its own)."""
-    sources = {event.source for r in job.ranks for event in r.run.events(RankEvent)}
-    frameworks = {name for r in job.ranks for name in r.run.host.env.frameworks}
+    sources = {source for r in job.ranks for source in r.figures.recorded_as}
+    frameworks = {name for r in job.ranks for name in r.figures.frameworks}
     if "lightning" in frameworks:
         return "Lightning"
     if "torch.multiprocessing" in sources:

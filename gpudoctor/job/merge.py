@@ -9,8 +9,9 @@ built from the diagnosis when they are written (gpudoctor.job.report).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -25,13 +26,19 @@ from gpudoctor.errors import BundleError
 from gpudoctor.job.figures import rank_figures, with_waits
 from gpudoctor.job.layout import job_bundles
 from gpudoctor.job.model import Job, RankRun
-from gpudoctor.report.document import NotMeasuredRow
+from gpudoctor.job.parallel import analysis_processes, each_rank
+from gpudoctor.report import build_report
+from gpudoctor.report.document import NotMeasuredRow, Report
 
 
 @dataclass(frozen=True)
 class RankDiagnosis:
     rank: RankRun
     found: RunDiagnosis  # its own rules' findings, not-evaluated rows and errors, over its windows
+    report: Report  # its own report, built where it was analysed; the job's waits are said in it when written
+    # Of a rank profiled with --every, the rank seen through each of its windows, by window (the job's rules run
+    # in each window every rank recorded); empty for a rank of one window.
+    windows: Mapping[int, RankRun] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -49,25 +56,29 @@ class JobDiagnosis:
         return self.job.pace_s
 
 
-def diagnose_job(paths: Sequence[Path], prepared: PreparedRules) -> JobDiagnosis:
-    """The diagnosis of the rank bundles in `paths` (one run directory per node). A rank-K/ that is a link out of its
-    run directory is not read: the report says so.
+def diagnose_job(paths: Sequence[Path], prepared: PreparedRules, processes: int | None = None) -> JobDiagnosis:
+    """The diagnosis of the rank bundles in `paths` (one run directory per node), the ranks analysed in `processes`
+    processes side by side (None: as many as gpudoctor.job.parallel says). A rank-K/ that is a link out of its run
+    directory is not read: the report says so.
 
     Raises BundleError when no rank bundle can be read at all.
     """
     diagnosed: list[RankDiagnosis] = []
     unreadable = [_linked_out(link, path) for path in paths for link in ranks_linked_out(path)]
-    for number, bundle in job_bundles(paths).items():
-        try:
-            diagnosed.append(_diagnose_rank(number, bundle, prepared))
-        except BundleError as exc:  # the other ranks are still worth their report
-            unreadable.append({"what": f"rank {number}", "reason": f"its bundle cannot be read: {exc}"})
+    bundles = job_bundles(paths)
+    analysed = each_rank(bundles, partial(_diagnose_rank, prepared=prepared),
+                         analysis_processes(bundles) if processes is None else processes)
+    for number, found in analysed.items():
+        if isinstance(found, str):  # the other ranks are still worth their report
+            unreadable.append({"what": f"rank {number}", "reason": f"its bundle cannot be read: {found}"})
+        else:
+            diagnosed.append(found)
     if not diagnosed:
         raise BundleError(f"no rank bundle of {', '.join(map(str, paths))} can be read: "
                           + "; ".join(row["reason"] for row in unreadable))
     unreadable += _missing_ranks(diagnosed, paths)
     job = _with_waits(Job([d.rank for d in diagnosed]))
-    result = _job_rules_over_windows(job, prepared)
+    result = _job_rules_over_windows(job, {d.rank.rank: d.windows for d in diagnosed}, prepared)
     merged = merged_findings(job, result, [d.found.result for d in diagnosed])
     ranks = [replace(d, rank=waiting) for d, waiting in zip(diagnosed, job.ranks)]
     return JobDiagnosis(job, ranks, result, merged, unreadable)
@@ -105,10 +116,17 @@ def _linked_out(link: Path, run_dir: Path) -> NotMeasuredRow:
             "reason": f"it is a link to {os.path.realpath(link)}, outside the run directory {run_dir}: not read"}
 
 
-def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDiagnosis:
-    found = diagnose_windows(Run.from_bundle(bundle), prepared.rules, prepared.options, prepared.limits)
+def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDiagnosis | str:
+    """The rank's diagnosis and its own report, or why its bundle cannot be read."""
+    try:
+        found = diagnose_windows(Run.from_bundle(bundle), prepared.rules, prepared.options, prepared.limits)
+    except BundleError as exc:
+        return str(exc)
     figures = rank_figures(number, found.run, os.fspath(bundle))
-    return RankDiagnosis(RankRun(number, found.run, figures, found.result.findings), found)
+    report = build_report(found.run, found.result, prepared.docs, found.windows)
+    findings = found.result.findings
+    return RankDiagnosis(RankRun(number, found.run, figures, findings), found, report,
+                         _in_windows(number, found.run, os.fspath(bundle), findings))
 
 
 def _with_waits(job: Job) -> Job:
@@ -116,28 +134,33 @@ def _with_waits(job: Job) -> Job:
     return Job([replace(r, figures=f) for r, f in zip(job.ranks, figures)])
 
 
-def _job_rules_over_windows(job: Job, prepared: PreparedRules) -> EngineResult:
+def _job_rules_over_windows(job: Job, windows: Mapping[int, Mapping[int, RankRun]],
+                            prepared: PreparedRules) -> EngineResult:
     """The job's rules on the job as its reports show it; for a job profiled with --every, on the job in each
-    window every rank recorded, as one result whose findings say the windows they fired in."""
-    windows = _common_windows(job)
-    if len(windows) < 2:
+    window every rank recorded (`windows`: each rank's, by rank), as one result whose findings say the windows they
+    fired in."""
+    common = _common_windows(windows)
+    if len(common) < 2:
         return run_job_rules(job, prepared)
-    results = [(index, run_job_rules(_in_window(job, index), prepared)) for index in windows]
+    results = [(index, run_job_rules(_with_waits(Job([windows[r.rank][index] for r in job.ranks])), prepared))
+               for index in common]
     return across_windows(results)
 
 
-def _common_windows(job: Job) -> list[int]:
-    indices = [{w.index for w in r.run.windows} for r in job.ranks]
+def _common_windows(windows: Mapping[int, Mapping[int, RankRun]]) -> list[int]:
+    indices = [set(of_rank) for of_rank in windows.values()]
     return sorted(set.intersection(*indices)) if indices else []
 
 
-def _in_window(job: Job, index: int) -> Job:
-    """The job seen through one profiling window of each rank."""
-    ranks = []
-    for r in job.ranks:
-        run = r.run.for_window(index)
-        ranks.append(RankRun(r.rank, run, rank_figures(r.rank, run, r.figures.bundle), r.findings))
-    return _with_waits(Job(ranks))
+def _in_windows(number: int, run: Run, bundle: str, findings: list[FindingRecord]) -> dict[int, RankRun]:
+    """The rank seen through each of its profiling windows, by window; none for a run of one window."""
+    if len(run.windows) < 2:
+        return {}
+    seen = {}
+    for info in run.windows:
+        window = run.for_window(info.index)
+        seen[info.index] = RankRun(number, window, rank_figures(number, window, bundle), findings)
+    return seen
 
 
 def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:

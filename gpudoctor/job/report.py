@@ -18,7 +18,6 @@ from gpudoctor.job.groups import FAILED_ENDINGS, rank_groups
 from gpudoctor.job.launcher import launcher_of
 from gpudoctor.job.merge import JobDiagnosis
 from gpudoctor.job.model import Job, RankRun
-from gpudoctor.report import build_report
 from gpudoctor.report.budget import budget_json
 from gpudoctor.report.cards import finding_cards
 from gpudoctor.report.charts import ranks_chart
@@ -31,9 +30,7 @@ def job_reports(diagnosis: JobDiagnosis, docs: Mapping[str, str], out_dir: Path)
     """The job's merged report, to be written into `out_dir`, and each rank's own by its bundle, a rank that waits
     for another saying so first."""
     job, waits = diagnosis.job, diagnosis.job_result.findings
-    own = {d.rank.rank: with_wait(build_report(d.found.run, d.found.result, docs, d.found.windows), job, waits,
-                                  d.rank.rank)
-           for d in diagnosis.ranks}
+    own = {d.rank.rank: with_wait(d.report, job, waits, d.rank.rank) for d in diagnosis.ranks}
     merged = build_job_report(job, own, diagnosis.result, docs, out_dir, diagnosis.unreadable)
     return merged, {Path(d.rank.figures.bundle): own[d.rank.rank] for d in diagnosis.ranks}
 

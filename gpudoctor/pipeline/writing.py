@@ -11,6 +11,7 @@ from gpudoctor.bundle import FINDINGS, REPORT
 from gpudoctor.bundle.jsonio import write_replacing
 from gpudoctor.engine import RunDiagnosis
 from gpudoctor.errors import OutputNotWritableError
+from gpudoctor.job.parallel import analysis_processes, each_rank
 from gpudoctor.job.report import job_reports
 from gpudoctor.pipeline.diagnosis import Diagnosis
 from gpudoctor.report import build_report
@@ -39,8 +40,7 @@ def write(diagnosis: Diagnosis, out_dir: Path, formats: Iterable[str] = FORMATS,
     get their own findings.json and report.html first. `say` is told when the run's trace had to be left out."""
     formats = tuple(formats)
     report, own = _reports(diagnosis, out_dir)
-    for bundle, rank_report in own.items():
-        write_files(rank_report, bundle)
+    _write_ranks(own)
     left_out = _trace_left_out(report)
     if say is not None and left_out is not None:
         say(left_out)
@@ -48,6 +48,13 @@ def write(diagnosis: Diagnosis, out_dir: Path, formats: Iterable[str] = FORMATS,
     shown = files.get("html") or files.get("json")
     summary = to_text(report, str(shown) if shown else None) if "text" in formats else None
     return Written(report, files, summary)
+
+
+def _write_ranks(own: dict[Path, Report]) -> None:
+    """Each rank's own findings.json and report.html into its bundle, side by side in as many processes as its
+    analysis took (gpudoctor.job.parallel): rendering a page is most of a small rank's time."""
+    bundles = dict(enumerate(own))
+    each_rank(bundles, lambda _, bundle: write_files(own[bundle], bundle), analysis_processes(bundles))
 
 
 def _reports(diagnosis: Diagnosis, out_dir: Path) -> tuple[Report, dict[Path, Report]]:

