@@ -30,6 +30,7 @@ BENCHMARKS = {
     "events_growth": "a CPU",
     "analyze": "a CPU; HolisticTraceAnalysis to compare with it",
     "analysis_guard": "a CPU",
+    "job_analysis": "a CPU (more cores: more of the ranks side by side), recorded job bundles",
     "validate_impacts": "recorded bundles",
     "validate_jobs": "a CPU (--recorded: recorded bundles)",
     "validate_job_tries": "two GPUs",
@@ -47,6 +48,7 @@ HELPERS = {
     "workload_transformer": "the overhead benchmark's transformer job",
     "workload_resnet18": "the overhead benchmark's job on torchvision's ResNet-18",
     "workload_fast_steps": "events_growth's job of short steps",
+    "job_bundles": "a job of many ranks made of a recorded job's (job_analysis)",
 }
 
 
