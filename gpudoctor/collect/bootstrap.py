@@ -109,7 +109,16 @@ def main(argv: list[str]) -> None:
         let_native_threads_settle()
         raise
     except KeyboardInterrupt as exc:
-        hold_ctrl_c()  # a second Ctrl-C must not break into gpudoctor's frames as the process ends
+        # A second Ctrl-C must not break into gpudoctor's frames as the process ends. One that arrived just
+        # before is still pending in Python: it raises as hold_ctrl_c is entered, or as the handler changes
+        # (which runs the old one first); it is let go and the handler set again. The loop is here, not in a
+        # function of its own, because entering that function would raise it outside the try.
+        while True:
+            try:
+                hold_ctrl_c()
+                break
+            except KeyboardInterrupt:
+                continue
         session.finish("interrupted")
         if not (Path(config.run_dir) / STOPPING).is_file():  # Ctrl-C, not gpudoctor's own stop at --timeout
             traceback.print_exception(type(exc), exc, _without_gpudoctor(_trim(exc.__traceback__)))
