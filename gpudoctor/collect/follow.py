@@ -213,7 +213,16 @@ def _recorded(function: Any, session: Session) -> Any:
             session.finish("completed" if code == 0 else "exit", code=code)
             raise
         except KeyboardInterrupt:
-            session.finish("interrupted")
+            # A second Ctrl-C may be pending (a job's process group interrupted, then the parent's death signal,
+            # which torch.multiprocessing sets to SIGINT): it raises as finish is entered, before the ending is
+            # written, and torch would swallow it and exit 0, the rank said to have completed. The ending is
+            # written all the same; the loop is here because entering a function of its own would raise it outside.
+            while True:
+                try:
+                    session.finish("interrupted")
+                    break
+                except KeyboardInterrupt:
+                    continue
             raise
         except BaseException as exc:
             session.finish("exception", code=1, exception=exception_details(exc))

@@ -60,8 +60,8 @@ class Session:
         """Take the instrumentation off, close the window (writing its trace) and say how the process ended."""
         if self._finished:
             return
-        self._finished = True
-        with ctrl_c_held():
+        with ctrl_c_held():  # a Ctrl-C pending as it is entered raises here, before the session counts as finished
+            self._finished = True
             deadline = exit_after(FINISH_DEADLINE_S, ENDING_STATUS.get(reason, 1 if code is None else code))
             try:
                 self.instrumentation.uninstall()

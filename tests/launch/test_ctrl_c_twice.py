@@ -4,6 +4,7 @@ window's trace is whole), and the status is the one a plain run's Ctrl-C gives."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,3 +51,13 @@ def test_a_ctrl_c_pending_as_the_first_one_ends_the_script_is_let_go(gd: Gpudoct
     assert "gpudoctor/collect" not in result.stderr, result.stderr
     assert result.returncode in (130, -signal.SIGINT), result.stderr
     assert (gd.cwd / "run" / "manifest.json").is_file()
+
+
+def test_a_spawned_rank_interrupted_twice_is_said_to_be_interrupted(gd: Gpudoctor) -> None:
+    """A rank of torch.multiprocessing.spawn with a second Ctrl-C pending as its function ends (the group's, then
+    the parent's death signal): its ending is written as interrupted, not completed (torch swallows the rank's
+    KeyboardInterrupt; the pending one used to cut the ending short, and the process's exit 0 then said completed)."""
+    result = gd.run("profile", "--out", "run", script("spawn_ctrl_c_pending.py"))
+    ended = json.loads((gd.cwd / "run" / "rank-0" / "manifest.json").read_text())["exit"]
+    assert ended["ending"] == "interrupted" and ended["steps"] == 3, (ended, result.stderr)
+    assert "gpudoctor/collect" not in result.stderr, result.stderr
