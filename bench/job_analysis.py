@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from figures import ROOT, Figures, add_json_option
+from gpudoctor.job.parallel import usable_cores
 from job_bundles import build_job
 
 RECORDED = ROOT / "fixtures" / "job_bundles" / "job_lightning_straggler_bad"
@@ -43,7 +44,8 @@ SAMPLE_S = 0.02
 def run_sampled(command: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Run `command`: its wall time, the largest RSS of any of its processes, and the most all of them held at once."""
     started = time.perf_counter()
-    process = psutil.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    errors = tempfile.TemporaryFile()  # noqa: SIM115 - read once the command has ended (a pipe would fill and block it)
+    process = psutil.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
     largest = together = 0
     while process.poll() is None:
         try:
@@ -57,7 +59,9 @@ def run_sampled(command: list[str], env: dict[str, str]) -> dict[str, Any]:
             pass
         time.sleep(SAMPLE_S)
     wall = time.perf_counter() - started
-    stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    errors.seek(0)
+    stderr = errors.read().decode(errors="replace")
+    errors.close()
     if process.returncode != 0:
         sys.exit(f"{' '.join(command)} exited with {process.returncode}:\n{stderr[-2000:]}")
     return {"wall_s": wall, "largest_mib": largest / 2**20, "together_mib": together / 2**20}
@@ -85,7 +89,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     add_json_option(parser)
     args = parser.parse_args()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     figures = Figures("job_analysis", args.json, columns=[
         "ranks", "(a) largest rank alone", "(b) one process", "(c) side by side", "speed-up (b)/(c)",
         "(c)/(a)", "floor N/C", "memory (b)", "memory (c), all processes"])

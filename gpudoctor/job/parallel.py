@@ -7,19 +7,22 @@ which has already loaded the rules (a project's own among them: nothing is loade
 Where fork is not the platform's way (macOS, Windows), or one process is asked for, the ranks are analysed here,
 one after another.
 
-How many processes: GPUDOCTOR_ANALYSIS_PROCESSES where it is set (1: in this process), else one per core this
-process may run on, no more than the ranks, and no more than the memory available holds at a rank's estimated peak
-(`rank_peak_bytes`). A process that ends without an answer (killed, out of memory) leaves its ranks and those not
-yet analysed to this process, one after another.
+How many processes: GPUDOCTOR_ANALYSIS_PROCESSES where it is a number from 1 (1: in this process), else (unset, 0,
+anything else) one per core this process may run on, no more than the ranks, and no more than the memory available
+holds at a rank's estimated peak (`rank_peak_bytes`); never more than one where fork is not the platform's way. A
+process that ends without an answer (killed, out of memory) leaves to this process, one after another, the ranks
+that no process finished; those finished are kept. An error in one rank's analysis, or a Ctrl-C, ends the others
+at once (the ranks not begun are not) and is raised here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TypeVar
@@ -49,15 +52,19 @@ def rank_peak_bytes(bundle: Path) -> int:
 
 def analysis_processes(bundles: Mapping[int, Path]) -> int:
     """How many processes analyse the ranks `bundles` (see the module's docstring)."""
+    if not _can_fork():
+        return 1
     asked = os.environ.get(PROCESSES_VARIABLE, "").strip()
     if asked.isdigit() and int(asked) >= 1:
         return min(int(asked), max(1, len(bundles)))
-    if not _can_fork():
-        return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     peak = max((rank_peak_bytes(b) for b in bundles.values()), default=BASE_PEAK_BYTES)
     fits = int(psutil.virtual_memory().available * MEMORY_SHARE // peak)
-    return max(1, min(cores, len(bundles), fits))
+    return max(1, min(usable_cores(), len(bundles), fits))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _can_fork() -> bool:
@@ -74,21 +81,33 @@ def _in_process(number: int, bundle: Path) -> object:
 
 def each_rank(bundles: Mapping[int, Path], work: Callable[[int, Path], T], processes: int) -> dict[int, T]:
     """`work(number, bundle)` for each rank of `bundles`, in `processes` forked processes (1: here), by rank. An
-    exception `work` raises is raised here, as it would be from a call made here."""
-    if processes <= 1 or len(bundles) <= 1:
+    exception `work` raises, or a Ctrl-C, ends the other processes and is raised here as soon as it comes."""
+    if processes <= 1 or len(bundles) <= 1 or not _can_fork():
         return {number: work(number, bundle) for number, bundle in bundles.items()}
     _WORK["work"] = work
     done: dict[int, T] = {}
+    pool = ProcessPoolExecutor(min(processes, len(bundles)), mp_context=multiprocessing.get_context("fork"))
     try:
-        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures: dict[int, Future[object]] = {n: pool.submit(_in_process, n, b) for n, b in bundles.items()}
-            for number, future in futures.items():
-                done[number] = future.result()  # type: ignore[assignment]  # what `work` returned
-    except BrokenProcessPool:  # a process was killed: the ranks it left are analysed here
-        pass
+        futures: dict[Future[object], int] = {pool.submit(_in_process, n, b): n for n, b in bundles.items()}
+        for future in as_completed(futures):
+            if isinstance(future.exception(), BrokenProcessPool):
+                continue  # its process was killed (out of memory, ...): the rank is analysed here, below
+            done[futures[future]] = future.result()  # type: ignore[assignment]  # what `work` returned
+    except BaseException:
+        _stop(pool)
+        raise
+    else:
+        pool.shutdown()
     finally:
         _WORK.clear()
-    for number, bundle in bundles.items():
-        if number not in done:
-            done[number] = work(number, bundle)
-    return done
+    return {number: done[number] if number in done else work(number, bundle) for number, bundle in bundles.items()}
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """The ranks not begun are not, and those being analysed end now: waiting for them would hold an error, or a
+    Ctrl-C, for as long as they take. (Python 3.14's terminate_workers(); before it, the pool's own processes.)"""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(Exception):  # ended already
+            process.terminate()

@@ -4,13 +4,16 @@ pickles without its trace being read again."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import shutil
 import signal
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpudoctor.analysis import Run
@@ -86,8 +89,35 @@ def test_an_error_of_the_work_is_raised_here(tmp_path: Path) -> None:
     def fails(number: int, bundle: Path) -> None:
         raise ValueError(f"rank {number}")
 
-    with pytest.raises(ValueError, match="rank 0"):
+    with pytest.raises(ValueError, match=r"rank [01]"):
         each_rank({0: tmp_path, 1: tmp_path}, fails, 2)
+
+
+def test_an_error_ends_the_other_ranks_analyses_at_once(tmp_path: Path) -> None:
+    """The first error is raised as it comes: the ranks not begun are not, and those being analysed are ended, not
+    waited for (each of them would take a minute)."""
+    def rank_1_fails(number: int, bundle: Path) -> None:
+        if number == 1:
+            raise ValueError("rank 1")
+        time.sleep(60)
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="rank 1"):
+        each_rank(dict.fromkeys(range(6), tmp_path), rank_1_fails, 2)
+    assert time.monotonic() - started < 30
+    deadline = time.monotonic() + 10
+    while _live_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_children() == []
+
+
+def _live_children() -> list[psutil.Process]:
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+    return alive
 
 
 def test_how_many_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
