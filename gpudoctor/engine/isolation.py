@@ -50,10 +50,14 @@ class Outcome:
     stack: str = ""  # where a rule that timed out was when it was left behind
 
 
+# The name of a rule's thread begins so (a thread left behind by a rule that timed out is told by it).
+RULE_THREAD_PREFIX = "gpudoctor-rule-"
+
+
 def evaluate_rule(rule: Rule, run: Run | Any, overrides: Mapping[str, object], limits: RuleLimits) -> Outcome:
     outcome = Outcome()
     thread = threading.Thread(target=_collect, args=(rule, run, overrides, limits, outcome),
-                              name=f"gpudoctor-rule-{rule.code}", daemon=True)
+                              name=f"{RULE_THREAD_PREFIX}{rule.code}", daemon=True)
     thread.start()
     thread.join(limits.time_s)
     if not thread.is_alive():

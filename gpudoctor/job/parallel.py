@@ -21,6 +21,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -30,6 +31,7 @@ from typing import TypeVar
 import psutil
 
 from gpudoctor.bundle.layout import trace_names
+from gpudoctor.engine.isolation import RULE_THREAD_PREFIX
 
 PROCESSES_VARIABLE = "GPUDOCTOR_ANALYSIS_PROCESSES"
 # A rank's analysis at its peak: the interpreter and the rules (about 100 MB), and what its trace's reading keeps,
@@ -68,7 +70,10 @@ def usable_cores() -> int:
 
 
 def _can_fork() -> bool:
-    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+    """Fork is the platform's way, and no rule that timed out is still running on its thread: it may hold a lock
+    (its own, the allocator's, a library's) that a forked child would then wait on for ever."""
+    return (sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+            and not any(t.name.startswith(RULE_THREAD_PREFIX) and t.is_alive() for t in threading.enumerate()))
 
 
 # The work each forked process does, set before the processes are forked (they inherit it, it is not pickled).

@@ -10,6 +10,7 @@ import os
 import pickle
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from gpudoctor.analysis import Run
+from gpudoctor.engine.isolation import RULE_THREAD_PREFIX
 from gpudoctor.job import parallel
 from gpudoctor.job.parallel import PROCESSES_VARIABLE, analysis_processes, each_rank, rank_peak_bytes
 from gpudoctor.pipeline import RuleSelection, diagnose, prepare_rules, write
@@ -148,3 +150,22 @@ def test_an_analysed_run_pickles_with_its_trace_as_read(tmp_path: Path) -> None:
     assert back.steps == steps and back.budget == budget and back.sites.host_lines == host_lines
     assert back.host.samples.host == run.host.samples.host
     assert back.trace_error is None and back.trace is not None and len(back.trace.gpu_ops) == len(run.trace.gpu_ops)
+
+
+def test_no_fork_while_a_rule_that_timed_out_still_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule left behind on its thread may hold a lock a forked child would wait on for ever: the ranks are then
+    analysed here, whatever GPUDOCTOR_ANALYSIS_PROCESSES asks."""
+    job = _job_of(tmp_path, 2)
+    bundles = {n: job / f"rank-{n}" for n in range(2)}
+    monkeypatch.setenv(PROCESSES_VARIABLE, "2")
+    assert analysis_processes(bundles) == 2
+    release = threading.Event()
+    left_behind = threading.Thread(target=release.wait, name=f"{RULE_THREAD_PREFIX}GD999", daemon=True)
+    left_behind.start()
+    try:
+        assert analysis_processes(bundles) == 1
+        assert each_rank(bundles, _pid, 2) == {n: (os.getpid(), f"rank-{n}") for n in range(2)}
+    finally:
+        release.set()
+        left_behind.join()
+    assert analysis_processes(bundles) == 2
