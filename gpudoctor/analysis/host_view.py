@@ -8,9 +8,10 @@ from functools import cached_property
 from gpudoctor.analysis.cpu_wait import CpuWait, cpu_wait
 from gpudoctor.analysis.events import EventsOf
 from gpudoctor.analysis.gpu_memory import OutOfMemory, out_of_memory
-from gpudoctor.analysis.samples import around, gpu_series, host_series, process_infos, within
+from gpudoctor.analysis.samples import around, gpu_series, host_series, main_thread_cpu_rate, process_infos, within
 from gpudoctor.analysis.step_view import StepView
 from gpudoctor.analysis.threads import python_threads_sharing
+from gpudoctor.analysis.timebase import paced_steps
 from gpudoctor.analysis.views import (
     Env,
     Exit,
@@ -20,6 +21,7 @@ from gpudoctor.analysis.views import (
     Samples,
     SeriesPoint,
     StartedProcess,
+    Step,
     ThreadInfo,
 )
 from gpudoctor.bundle.events import (
@@ -71,19 +73,17 @@ class HostView:
 
     @cached_property
     def main_thread_cpu_s(self) -> float | None:
-        """The CPU seconds the script's main thread spent per step, over the steady steps (its running totals in
-        the process samples); None without them. The least a host-bound step needs once nothing else takes its
-        cores: what it computes, not the time it waited for a core."""
-        steps = self._steps.steady_steps
-        main = next((p for p in self.steady_processes if p.role == "main"), None)
-        if not steps or main is None:
+        """The CPU seconds the script's main thread spent per step, over the steps the run's pace is the mean of
+        (analysis.timebase.paced_steps), so that it compares with the step at that pace: over every step after
+        start-up, the profiled steps and the window's export made it longer than the step (checkpoint_stall.py on
+        2 cores: 25 ms of CPU in a 23 ms step). None without the main thread's samples. The least a host-bound
+        step needs once nothing else takes its cores: what it computes, not the time it waited for a core."""
+        steps = paced_steps(self._steps)
+        spans = _contiguous_spans(steps)
+        rate = main_thread_cpu_rate(self._proc_samples, self.process_facts.main_native_id, spans)
+        if rate is None:
             return None
-        thread = self.process_facts.main_native_id
-        cores = main.thread_cores.get(str(thread)) if thread is not None else None
-        if cores is None and len(main.thread_cores) == 1:
-            cores = next(iter(main.thread_cores.values()))
-        span = steps[-1].end - steps[0].start
-        return cores * span / len(steps) if cores is not None and span > 0 else None
+        return rate * sum(end - start for start, end in spans) / len(steps)
 
     @cached_property
     def started_processes(self) -> list[StartedProcess]:
@@ -197,3 +197,16 @@ class HostView:
     def out_of_memory(self) -> OutOfMemory | None:
         """Where the GPU's memory was when CUDA ran out of it and ended the script; None when it did not."""
         return out_of_memory(self._events(OomEvent))
+
+
+def _contiguous_spans(steps: list[Step]) -> list[tuple[float, float]]:
+    """The spans of the runs of consecutive steps (by index): from the first one's start to the last one's end."""
+    spans: list[tuple[float, float]] = []
+    last: int | None = None
+    for step in steps:
+        if spans and last is not None and step.index == last + 1:
+            spans[-1] = (spans[-1][0], step.end)
+        else:
+            spans.append((step.start, step.end))
+        last = step.index
+    return spans

@@ -136,3 +136,38 @@ def _thread_rates(totals: list[dict[str, float]], elapsed: float) -> dict[str, f
     for entry in totals:
         seen_last.update(entry)
     return {tid: max(0.0, value - before.get(tid, 0.0)) / elapsed for tid, value in seen_last.items()}
+
+
+def main_thread_cpu_rate(rows: list[ProcsRow], thread: int | None,
+                         spans: Sequence[tuple[float, float]]) -> float | None:
+    """The cores the main thread of the script's process (its OS thread id `thread`; the process's one thread
+    when not known) used over `spans`: its running CPU total read at each span's ends, linearly between the
+    samples either side, so that the time just before and after a span (a profiling window's export, the
+    script's set-up) is not counted in it. The part of a span the samples do not reach is left out; None where
+    they reach none of it."""
+    root = next((p.pid for row in rows for p in row.procs), None)
+    entries = [(row.t, proc) for row in rows for proc in row.procs if proc.pid == root]
+    tid = str(thread) if thread is not None else _only_thread(entries)
+    points = [(t, proc.thread_cpu[tid]) for t, proc in entries if tid is not None and tid in proc.thread_cpu]
+    if len(points) < 2:
+        return None
+    times = [t for t, _ in points]
+    cpu = covered = 0.0
+    for start, end in spans:
+        lo, hi = max(start, times[0]), min(end, times[-1])
+        if hi > lo:
+            cpu += _total_at(points, times, hi) - _total_at(points, times, lo)
+            covered += hi - lo
+    return max(0.0, cpu) / covered if covered > 0 else None
+
+
+def _only_thread(entries: list[tuple[float, ProcEntry]]) -> str | None:
+    names = {tid for _, proc in entries for tid in proc.thread_cpu}
+    return next(iter(names)) if len(names) == 1 else None
+
+
+def _total_at(points: list[tuple[float, float]], times: list[float], t: float) -> float:
+    """A running total at `t`, within the points' times, linearly between the points either side."""
+    after = min(max(1, bisect_left(times, t)), len(points) - 1)
+    (t0, v0), (t1, v1) = points[after - 1], points[after]
+    return v0 if t1 <= t0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypedDict, TypeVar
 
 import msgspec
@@ -51,6 +51,8 @@ class RunDiagnosis:
     run: Run  # the window the report's charts show
     result: EngineResult  # over every window
     windows: list[WindowStats]  # one row per window, for the report; none for a run of one window
+    # The run seen through each of its windows, as the rules read it, by window; none for a run of one window
+    window_runs: dict[int, Run] = field(default_factory=dict)
 
 
 def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: RuleOptions,
@@ -61,7 +63,8 @@ def diagnose_windows(run: Run, rules: Iterable[Rule | RuleFunction], options: Ru
     windows = [run.for_window(info.index) for info in run.windows]
     per_window = [WindowResult(w, run_rules(w, checked, options, limits)) for w in windows]
     result = across_windows([(w.run.window, w.result) for w in per_window])
-    return RunDiagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window])
+    return RunDiagnosis(_chart_window(per_window, result), result, [_window_row(w, run) for w in per_window],
+                        {w.run.window: w.run for w in per_window})
 
 
 def _impact(impact: float | None) -> float:

@@ -126,7 +126,7 @@ def _diagnose_rank(number: int, bundle: Path, prepared: PreparedRules) -> RankDi
     report = build_report(found.run, found.result, prepared.docs, found.windows)
     findings = found.result.findings
     return RankDiagnosis(RankRun(number, found.run, figures, findings), found, report,
-                         _in_windows(number, found.run, os.fspath(bundle), findings))
+                         _in_windows(number, found.window_runs, os.fspath(bundle), findings))
 
 
 def _with_waits(job: Job) -> Job:
@@ -152,15 +152,12 @@ def _common_windows(windows: Mapping[int, Mapping[int, RankRun]]) -> list[int]:
     return sorted(set.intersection(*indices)) if indices else []
 
 
-def _in_windows(number: int, run: Run, bundle: str, findings: list[FindingRecord]) -> dict[int, RankRun]:
-    """The rank seen through each of its profiling windows, by window; none for a run of one window."""
-    if len(run.windows) < 2:
-        return {}
-    seen = {}
-    for info in run.windows:
-        window = run.for_window(info.index)
-        seen[info.index] = RankRun(number, window, rank_figures(number, window, bundle), findings)
-    return seen
+def _in_windows(number: int, window_runs: Mapping[int, Run], bundle: str,
+                findings: list[FindingRecord]) -> dict[int, RankRun]:
+    """The rank seen through each of its profiling windows (the runs its rules read, each window's trace read once),
+    by window; none for a run of one window."""
+    return {index: RankRun(number, window, rank_figures(number, window, bundle), findings)
+            for index, window in window_runs.items()}
 
 
 def run_job_rules(job: Job, prepared: PreparedRules) -> EngineResult:

@@ -415,6 +415,27 @@ def test_a_periodic_save_is_the_stall_share_gd701_claims(tmp_path) -> None:
     assert run.job_time.stall_share == pytest.approx(finding.impact, abs=0.02)
 
 
+def test_a_cpu_runs_save_keeps_its_share_beside_slow_profiled_steps(tmp_path) -> None:
+    """A CPU run whose main thread computes all the time, its profiled steps five times the others: the main
+    thread's CPU per step is that of the steps the pace is the mean of, so the step less that work leaves the saves
+    their whole share. Over every step after start-up, the slow profiled ones had made the CPU per step longer than
+    the step, and checkpoint_stall.py's 12% of stalls came out as 1% on a loaded 2-core host ("info")."""
+    b = BundleBuilder(tmp_path, window=(2, 1, 6))
+    for i in range(40):
+        stalls = i % 10 == 9
+        b.step(wall_s=0.1 if stalls else 0.15 if 2 <= i < 9 else 0.03)
+        if stalls:
+            b.event(PauseEvent(cause="save", step=i, seconds=0.07, site=Site(file="train.py", line=60,
+                                                                             function="main")))
+    b.process(1.0)
+    b.host_samples(interval_s=0.05)
+    run = b.build()
+    assert run.host.main_thread_cpu_s == pytest.approx(run.pace.seconds, rel=0.05)
+    [finding] = run_rules(run, rules("GD701")).findings
+    assert finding.severity == "warning"
+    assert finding.impact == pytest.approx(run.job_time.stall_share, abs=0.02)
+
+
 def test_a_slow_step_of_no_known_cause_is_no_stall_of_the_budget(tmp_path) -> None:
     assert stalling_run(tmp_path, pauses=False, every=8).job_time.stall_share == 0.0
 

@@ -169,3 +169,26 @@ def test_no_fork_while_a_rule_that_timed_out_still_runs(tmp_path: Path, monkeypa
         release.set()
         left_behind.join()
     assert analysis_processes(bundles) == 2
+
+
+def test_each_window_of_a_ranks_trace_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank profiled in four windows: its rules and the job's pages read the same runs, each window's trace once
+    (the pages read each window but the charted one a second time)."""
+    from gpudoctor.analysis import run as run_module
+
+    repeated = REPO / "fixtures" / "bundles" / "data_starvation_late"
+    job = tmp_path / "job"
+    for rank in range(2):
+        shutil.copytree(repeated, job / f"rank-{rank}")
+    read: list[str] = []
+    parse = run_module.parse_trace
+
+    def counted(path, *args, **kwargs):
+        read.append(os.fspath(path))
+        return parse(path, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "parse_trace", counted)
+    monkeypatch.setenv(PROCESSES_VARIABLE, "1")
+    found = diagnose([job], prepare_rules(RuleSelection()))
+    assert found.result.findings
+    assert len(read) == 8 and len(set(read)) == 8, sorted(read)
