@@ -80,8 +80,7 @@ class Run:
         self.window = window
         self._whole = RunEvents(events)
         self._trace_path = trace_path
-        self._sampled: tuple[list[HostRow], list[ProcsRow], list[GpuRow]] | bytes = (
-            host_samples, proc_samples, gpu_samples)  # or as msgpack, decoded when first read (`_samples`)
+        self._sampled = _Samples((host_samples, proc_samples, gpu_samples))  # shared by its windows' runs
         # Told of each chunk of the trace read, (done, total) in bytes: `gpudoctor analyze` sets it to draw its
         # progress line on a terminal.
         self.trace_progress: Callable[[int, int], None] | None = None
@@ -90,10 +89,10 @@ class Run:
     def __reduce__(self) -> tuple[Callable[..., Run], tuple[Any, ...]]:
         """A run pickles as what it was made of and its trace as read (another process's analysis of a job's rank,
         gpudoctor.job.parallel): its views are made again where they are asked for, without reading the trace
-        again; the samples travel as msgpack, many times faster to load than pickled rows."""
-        samples = self._sampled if isinstance(self._sampled, bytes) else msgspec.msgpack.encode(self._sampled)
+        again; the samples travel as msgpack (`_Samples`), once for all the windows' runs pickled together."""
         trace_read = self.__dict__.get("_trace_read")
-        return _unpickled, (self.manifest, self._whole, self._trace_path, samples, self.path, self.window, trace_read)
+        return _unpickled, (self.manifest, self._whole, self._trace_path, self._sampled, self.path, self.window,
+                            trace_read)
 
     @classmethod
     def from_bundle(cls, path: Path | str) -> Run:
@@ -119,9 +118,9 @@ class Run:
         if not any(w.index == index for w in self.windows):
             raise ValueError(f"this run has no profiling window {index}")
         trace = bundle_file(self.path, bundle_io.trace_name(index)) if self.path is not None else None
-        run = Run(self.manifest, [], trace,
-                  *self._samples(), path=self.path, window=index)
+        run = Run(self.manifest, [], trace, [], [], [], path=self.path, window=index)
         run._whole = self._whole  # the run's events, split by window once for every window
+        run._sampled = self._sampled  # and its samples, encoded once to pickle them
         run.trace_progress = self.trace_progress
         return run
 
@@ -203,9 +202,7 @@ class Run:
 
     def _samples(self) -> tuple[list[HostRow], list[ProcsRow], list[GpuRow]]:
         """The host's, the processes' and the GPUs' samples."""
-        if isinstance(self._sampled, bytes):
-            self._sampled = _SAMPLES.decode(self._sampled)
-        return self._sampled
+        return self._sampled.rows()
 
     @cached_property
     def job_time(self) -> JobTime:
@@ -404,9 +401,34 @@ for _old, _path in MOVED.items():
 
 
 _SAMPLES = msgspec.msgpack.Decoder(tuple[list[HostRow], list[ProcsRow], list[GpuRow]])
+SampleRows = tuple[list[HostRow], list[ProcsRow], list[GpuRow]]
 
 
-def _unpickled(manifest: Manifest, whole: RunEvents, trace_path: Path | None, samples: bytes, path: Path | None,
+class _Samples:
+    """A run's samples, one object for the runs of all its windows: the rows, and as msgpack (what a run pickles
+    as: many times faster to load than pickled rows), each made from the other once, when first asked for. A job's
+    rank with 40 windows pickled its samples 40 times over when each window's run encoded its own."""
+
+    __slots__ = ("_packed", "_rows")
+
+    def __init__(self, rows: SampleRows | None = None, packed: bytes | None = None) -> None:
+        self._rows, self._packed = rows, packed
+
+    def rows(self) -> SampleRows:
+        if self._rows is None:
+            self._rows = _SAMPLES.decode(self._packed or b"")
+        return self._rows
+
+    def packed(self) -> bytes:
+        if self._packed is None:
+            self._packed = msgspec.msgpack.encode(self._rows)
+        return self._packed
+
+    def __reduce__(self) -> tuple[type[_Samples], tuple[None, bytes]]:
+        return _Samples, (None, self.packed())
+
+
+def _unpickled(manifest: Manifest, whole: RunEvents, trace_path: Path | None, samples: _Samples, path: Path | None,
                window: int, trace_read: tuple[TraceData | None, str | None, BundleError | None] | None) -> Run:
     """A run pickled by `Run.__reduce__`."""
     run = Run(manifest, [], trace_path, [], [], [], path=path, window=window)

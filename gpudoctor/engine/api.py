@@ -103,10 +103,15 @@ def rule_of(obj: object) -> Rule | None:
 
 
 def where_defined(func: Callable[..., Any]) -> str:
+    """`file:line` of a function (the line of its first decorator, as inspect.getsourcelines says), read from its
+    code object: reading and tokenizing each rule's file for it took 50 ms of every `gpudoctor analyze`."""
     try:
-        return f"{inspect.getsourcefile(func)}:{inspect.getsourcelines(func)[1]}"
-    except (OSError, TypeError):
+        source, code = inspect.getsourcefile(func), inspect.unwrap(func).__code__
+    except (AttributeError, TypeError, ValueError):
+        source = code = None
+    if source is None or code is None:
         return getattr(func, "__module__", "?")
+    return f"{source}:{code.co_firstlineno}"
 
 
 def missing_sections(doc: str) -> list[str]:

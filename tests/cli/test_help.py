@@ -96,3 +96,19 @@ def test_help_answers_without_importing_the_analysis(argv: list[str]) -> None:
                           check=True)
     assert "Usage:" in done.stdout
     assert "imported: []" in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "own"), [(["analyze", "--help"], "analyze"), (["diff", "--help"], "analyze"),
+                                           (["rules", "list"], "rules"), (["try", "--help"], "tries"),
+                                           (["--help"], None), (["analzye"], None)])
+def test_a_command_line_imports_its_own_commands_module_alone(argv: list[str], own: str | None) -> None:
+    """typer reads the options of every command it holds on each run: a command line that names a command registers
+    that one's module alone; any other (the whole help, a misspelt command that typer suggests a name for) all."""
+    probe = ("import sys\nfrom gpudoctor.cli import main\nsys.argv = ['gpudoctor', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit:\n    pass\n"
+             "print('commands:', sorted(m.split('.')[2] for m in sys.modules if m.startswith('gpudoctor.cli.') and "
+             "m.split('.')[2] in ('analyze', 'profile', 'tries', 'rules')), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60)
+    expected = [own] if own else ["analyze", "profile", "rules", "tries"]
+    assert f"commands: {expected}" in done.stderr, done.stderr
+    assert ("Did you mean 'analyze'?" in done.stderr) == (argv == ["analzye"])

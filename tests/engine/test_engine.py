@@ -82,6 +82,23 @@ def test_declaration_errors_name_the_fix(code, name, category, message):
         rule(code, name, category=category)(always_fires.rule.func)
 
 
+def test_a_rule_says_where_it_is_defined_without_reading_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file and the line of its first decorator, as inspect.getsourcelines gives them, read from the code:
+    declaring a rule reads no source (that took 50 ms of each analysis for the built-in rules)."""
+    import inspect
+
+    expected = f"{__file__}:{inspect.getsourcelines(always_fires)[1]}"
+    read: list[object] = []
+    findsource = inspect.findsource
+    monkeypatch.setattr(inspect, "findsource", lambda obj: read.append(obj) or findsource(obj))
+    where = always_fires.rule.where
+    with pytest.raises(RuleLoadError) as refused:
+        rule("bad", "bad-code", category="data_starvation")(always_fires.rule.func)
+    monkeypatch.undo()
+    assert where == expected and str(refused.value).startswith(f"{expected}: rule code 'bad'")
+    assert read == []
+
+
 def test_an_option_without_a_default_is_refused():
     def no_default(run, threshold):
         """Doc."""

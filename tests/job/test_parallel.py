@@ -192,3 +192,17 @@ def test_each_window_of_a_ranks_trace_is_read_once(tmp_path: Path, monkeypatch: 
     found = diagnose([job], prepare_rules(RuleSelection()))
     assert found.result.findings
     assert len(read) == 8 and len(set(read)) == 8, sorted(read)
+
+
+def test_the_runs_of_a_ranks_windows_pickle_its_samples_once() -> None:
+    """A rank's diagnosis comes back from its process with a run for each window: the samples, the same for every
+    window, are in the pickle once, and each window's run reads them back whole."""
+    repeated = Run.from_bundle(REPO / "fixtures" / "bundles" / "data_starvation_late")
+    windows = [repeated.for_window(w.index) for w in repeated.windows]
+    assert len(windows) == 4
+    rows = windows[0]._samples()
+    assert all(any(kind) for kind in rows[:2])  # host and process samples to carry
+    one, all_four = len(pickle.dumps(windows[:1])), len(pickle.dumps(windows))
+    assert all_four < one * 1.5, (one, all_four)  # each window's events are its own; its samples are not
+    for back in pickle.loads(pickle.dumps(windows)):
+        assert back._samples() == rows
