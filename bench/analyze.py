@@ -22,6 +22,10 @@ renumbered ProfilerStep#N and fresh correlation ids, keeping the events of --eve
   (c) HolisticTraceAnalysis: TraceAnalysis(trace_dir=...) then get_idle_time_breakdown(), with its default
       parser (json) and, when ijson is installed beside it, its ijson_batch_and_compress parser,
   (d) gunzip alone: the file inflated in blocks of 1 MB and thrown away, the floor of reading it,
+  (e) `gpudoctor analyze` of the fixture itself (a few steps, 0.1 MB): the command's fixed cost (the interpreter,
+      its imports, the rules and the report), which every trace pays whatever its size,
+  (f) the decode alone: the trace inflated and decoded into the Structs gpudoctor reads it into (msgspec, the
+      keys it uses), nothing built from them: what reading the trace costs in Python before any analysis,
 
 and prints the wall time and peak memory (ru_maxrss of the process and anything it waited for) of each,
 and the ratios. HTA is run with --hta-python (a virtual environment with HolisticTraceAnalysis, as its
@@ -51,6 +55,15 @@ import gzip, sys
 with gzip.open(sys.argv[1], "rb") as f:
     while f.read(1 << 20):
         pass
+"""
+
+# What gpudoctor's reader does before it builds anything: inflate, cut into chunks, decode into its Structs.
+DECODE = """
+import sys
+from pathlib import Path
+from gpudoctor.analysis.trace import _Event
+from gpudoctor.bundle.trace_stream import TraceStream, TypedEvents
+print(sum(len(batch) for batch in TraceStream(Path(sys.argv[1])).batches(TypedEvents(_Event))), "events decoded")
 """
 
 HTA = """
@@ -112,7 +125,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hta-backends", default=None,
                         help="comma-separated HTA parsers (default: json, plus ijson_batch_and_compress "
                              "when ijson is installed beside HTA)")
-    parser.add_argument("--skip", default="", help="comma-separated: bare, gunzip, gpudoctor, hta")
+    parser.add_argument("--skip", default="", help="comma-separated: bare, gunzip, gpudoctor, hta, fixed, decode")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each, in turn (the least wall time is shown, all of them beside it)")
     add_json_option(parser)
@@ -148,6 +161,13 @@ def bench_mix(args: argparse.Namespace, mix: str, skip: set[str], hta_python: st
     if "gpudoctor" not in skip:
         commands.append(("(b) gpudoctor analyze", [sys.executable, "-m", "gpudoctor", "analyze", str(trace),
                                                    "--out", str(out)], logs / "gpudoctor.log"))
+    if "fixed" not in skip:
+        commands.append(("(e) gpudoctor analyze of the fixture: the fixed cost",
+                         [sys.executable, "-m", "gpudoctor", "analyze", str(args.fixture), "--out",
+                          str(args.workdir / "out-fixture")], logs / "fixed.log"))
+    if "decode" not in skip:
+        commands.append(("(f) the decode alone, into gpudoctor's Structs", [sys.executable, "-c", DECODE, str(trace)],
+                         logs / "decode.log"))
     for backend in backends:
         commands.append((f"(c) HTA load + idle time ({backend})", [hta_python or "", "-c", HTA, str(trace_dir),
                                                                    backend], logs / f"hta-{backend}.log"))
@@ -200,12 +220,20 @@ def print_table(args: argparse.Namespace, info: dict[str, Any], rows: list[dict[
 
 def _verdicts(rows: list[dict[str, Any]]) -> list[str]:
     by = {r["label"].split(" ")[0]: r for r in rows if r["rc"] == 0}
-    gd, bare, gunzip = by.get("(b)"), by.get("(a)"), by.get("(d)")
+    gd, bare, gunzip, fixed, decode = by.get("(b)"), by.get("(a)"), by.get("(d)"), by.get("(e)"), by.get("(f)")
     lines = []
     if gd and gunzip:
         t = gd["wall_s"] / gunzip["wall_s"]
         lines.append(f"gpudoctor vs gunzip alone: {t:.2f}x the time (target <= {TARGET_VS_GUNZIP:g}x: "
                      f"{_met(t <= TARGET_VS_GUNZIP)})")
+    if gd and gunzip and fixed:
+        added = gd["wall_s"] - fixed["wall_s"]
+        lines.append(f"  of which the fixed cost, (e): {fixed['wall_s']:.2f} s, "
+                     f"{fixed['wall_s'] / gunzip['wall_s']:.2f}x this trace's gunzip alone; what this trace adds "
+                     f"to it: {added:.2f} s, {added / gunzip['wall_s']:.2f}x")
+    if decode and gunzip:
+        lines.append(f"  the decode alone, (f): {decode['wall_s']:.2f} s, {decode['wall_s'] / gunzip['wall_s']:.2f}x "
+                     "the gunzip alone")
     if gd and bare:
         t, m = gd["wall_s"] / bare["wall_s"], gd["maxrss_kib"] / bare["maxrss_kib"]
         lines.append(f"gpudoctor vs bare parse: {t:.2f}x the time (target <= {TARGET_VS_BARE:g}x: "
@@ -256,7 +284,8 @@ def _cell(row: dict[str, Any]) -> str:
 def _short(label: str) -> str:
     if label.startswith("(c)"):
         return "HTA " + label.split("(")[-1].rstrip(")")[:13]
-    return {"(a)": "bare parse", "(b)": "gpudoctor"}.get(label.split(" ")[0], label[:17])
+    return {"(a)": "bare parse", "(b)": "gpudoctor", "(e)": "(e) fixed cost",
+            "(f)": "(f) decode alone"}.get(label.split(" ")[0], label[:17])
 
 
 if __name__ == "__main__":

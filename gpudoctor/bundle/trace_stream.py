@@ -1,8 +1,9 @@
 """Reading a torch.profiler (Kineto) Chrome trace chunk by chunk (`TraceStream`); gpudoctor.bundle.trace_file reads one
 whole (`read_trace`) and bounds what a trace may inflate to.
 
-A trace can be gigabytes of JSON. `TraceStream` reads it a few MB at a time, gzip inflated in a second
-thread, so that memory stays a small fraction of the trace's size. Each chunk of events is decoded at once
+A trace can be gigabytes of JSON. `TraceStream` reads it a few MB at a time, gzip inflated beside the decoding (in
+a process of its own, gpudoctor.bundle.inflater, for a file of a MB or more; in a second thread for a smaller one),
+so that memory stays a small fraction of the trace's size. Each chunk of events is decoded at once
 into small msgspec Structs that name only the keys the views use (`TypedEvents`: the other keys are skipped
 without building anything); a chunk they cannot take goes to `EventFilter`, which picks the events worth
 parsing out of the raw bytes, or is parsed into dicts. The analysis (gpudoctor.analysis.trace) turns the
@@ -12,9 +13,13 @@ events into views.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
+import os
 import queue
 import re
+import subprocess
+import sys
 import threading
 import types
 import zlib
@@ -25,14 +30,19 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from gpudoctor.bundle import inflater
+from gpudoctor.bundle.inflater import BLOCK, CUT, END, HEADER, gunzipped
 from gpudoctor.bundle.jsonio import loads as _loads
 from gpudoctor.bundle.trace_file import inflated_cap, inflating_too_far, not_gzip, too_big
-from gpudoctor.errors import TraceNotJsonError
+from gpudoctor.errors import BundleError, TraceNotJsonError
 
 # -- reading a big trace in chunks -----------------------------------------------------------------
 CHUNK_BYTES = 1 << 20  # JSON read at a time: memory is a few times this, whatever the trace's size (4 MB cost 12 MB
 # more peak memory on a 151 MB trace of GPU ops, and no less time)
-GZIP_READ = 64 << 10  # compressed bytes read at a time: the bomb check weighs what came out against what went in
+# A .gz trace from this size up is inflated in a process of its own (gpudoctor.bundle.inflater), which starts in
+# about 10 ms; a smaller one in a thread.
+INFLATE_PROCESS_MIN_BYTES = 1 << 20
+_EXIT_WAIT_S = 5.0  # how long an inflating process that wrote its last frame is given to exit before it is killed
 _KEY_OVERLAP = 256  # how far back a search of the next block starts: the key and the blanks around it
 _HEADER_MAX = 64 << 20  # the top-level keys before traceEvents (deviceProperties, ...) are small
 # The longest event read: the longest in fixtures/ is under 20 kB (a kernel's templated name and its args). One
@@ -175,8 +185,8 @@ class TraceStream:
 
     # -- bytes in --------------------------------------------------------------------------------
     def _chunks(self) -> Generator[bytes, None, None]:
-        """The decompressed file, in pieces of CHUNK_BYTES; a .gz one is inflated in a second thread
-        (zlib lets go of the GIL), so that it overlaps parsing."""
+        """The decompressed file, in pieces of CHUNK_BYTES; a .gz one is inflated beside the parsing, in a process of
+        its own (`_inflate_in_process`) or, for a small one or where no process starts, in a second thread."""
         path, total = self.path, self.path.stat().st_size
         try:
             raw = open(path, "rb")  # noqa: SIM115 - closed below
@@ -188,7 +198,14 @@ class TraceStream:
                     self._report(raw.tell(), total)
                     yield block
                 return
-            yield from _inflate_in_thread(raw, total, self._report, path, inflated_cap(path), self._cut_at)
+            cap = inflated_cap(path)
+            if total >= INFLATE_PROCESS_MIN_BYTES:
+                try:
+                    yield from _inflate_in_process(path, total, self._report, cap, self._cut_at)
+                    return
+                except _NoInflater:
+                    pass
+            yield from _inflate_in_thread(raw, total, self._report, path, cap, self._cut_at)
 
     def _cut_at(self, done: int) -> None:
         self.cut_short = done
@@ -335,7 +352,7 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
     def inflate() -> None:
         inflated = 0
         try:
-            for block, consumed in _gunzipped(raw, stop):
+            for block, consumed in gunzipped(raw, stop.is_set, CHUNK_BYTES):
                 inflated += len(block)
                 if inflated > cap or inflating_too_far(path, inflated, consumed):
                     put(too_big(path, cap))
@@ -372,34 +389,70 @@ def _inflate_in_thread(raw: Any, total: int, report: Callable[[int, int], None],
         thread.join()
 
 
-def _gunzipped(raw: Any, stop: threading.Event) -> Iterator[tuple[bytes, int]]:
-    """A gzip file's members inflated, at most CHUNK_BYTES a block, each with the compressed bytes consumed so far
-    (what the bomb check weighs it against), then b"" at its end; EOFError where the file ends inside a member,
-    once every byte inflated before that was given (GzipFile's read gives none of its last call's). Zeros after the
-    last member (padding) are skipped, as gzip does."""
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    pending, begun, read = b"", False, 0
-    while not stop.is_set():
-        if not pending:
-            pending = raw.read(GZIP_READ)
-            read += len(pending)
-            if not pending:
-                if begun and not inflater.eof:
-                    raise EOFError("the file ended before the end of its compressed stream")
-                yield b"", read
+class _NoInflater(Exception):
+    """The inflating process did not start, or ended before its first frame: the thread inflates instead."""
+
+
+def _inflate_in_process(path: Path, total: int, report: Callable[[int, int], None], cap: int,
+                        cut_at: Callable[[int], None]) -> Iterator[bytes]:
+    """The blocks of a .gz file as gpudoctor.bundle.inflater's process writes them, refused as the thread refuses
+    them (a bomb, bytes that are not gzip); the process ends with the reading, however it ends."""
+    process = _start_inflater(path)
+    inflated, framed, ended = 0, False, False
+    try:
+        pipe = process.stdout
+        assert pipe is not None
+        while True:
+            header = pipe.read(HEADER.size)
+            kind, length, consumed = HEADER.unpack(header) if len(header) == HEADER.size else (None, 0, 0)
+            payload = pipe.read(length) if length else b""
+            if kind is None or len(payload) < length:
+                if not framed:
+                    raise _NoInflater
+                raise BundleError(f"{path} could not be read to its end: the process inflating it ended early "
+                                  f"(exit status {process.wait()}).")
+            framed = True
+            if kind == BLOCK:
+                inflated += length
+                if inflated > cap or inflating_too_far(path, inflated, consumed):
+                    raise too_big(path, cap)
+                report(min(consumed, total), total)
+                yield payload
+            elif kind in (END, CUT):
+                if kind == CUT:
+                    cut_at(consumed)
+                ended = True
+                report(total, total)
                 return
-        begun = True
-        block = inflater.decompress(pending, CHUNK_BYTES)
-        if inflater.eof:
-            pending = inflater.unused_data
-            if pending.strip(b"\0"):
-                inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)  # the next member
             else:
-                pending, begun = b"", False  # padding, or the end
-        else:
-            pending = inflater.unconsumed_tail
-        if block:
-            yield block, read - len(pending)
+                raise not_gzip(path, OSError(payload.decode("utf-8", "replace")))
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(_EXIT_WAIT_S if ended else 0)  # it exits once its last frame is written
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _start_inflater(path: Path) -> subprocess.Popen[bytes]:
+    """gpudoctor.bundle.inflater run as a script on `path` (-I -S: nothing of the environment or of site-packages is
+    read), its frames on a pipe widened to a block where the platform allows it."""
+    if not sys.executable:
+        raise _NoInflater
+    try:
+        process = subprocess.Popen([sys.executable, "-I", "-S", inflater.__file__, os.fspath(path),
+                                    str(CHUNK_BYTES)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError:
+        raise _NoInflater from None
+    if sys.platform.startswith("linux") and process.stdout is not None:
+        import fcntl
+
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, CHUNK_BYTES)
+    return process
 
 
 @dataclass(frozen=True)

@@ -220,6 +220,7 @@ def _with_long_name(length: int) -> bytes:
     return text.encode()
 
 
+@pytest.mark.e2e  # its 4 MB trace is inflated in a process (gpudoctor.bundle.inflater)
 def test_an_event_longer_than_any_trace_holds_is_refused_in_one_sentence(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trace_stream, "MAX_EVENT_BYTES", 1 << 20)
