@@ -9,7 +9,7 @@ import statistics
 import msgspec
 import pytest
 
-from builtin_rules.test_rules_cpu_e2e import assert_fires, evidence, line_of, profile, rule_script
+from builtin_rules.test_rules_cpu_e2e import SCRIPT_TIMEOUT_S, WINDOW, assert_fires, evidence, line_of, rule_script
 from conftest import Gpudoctor
 from gpudoctor.bundle.events import StepEvent, StepSpanEvent
 from gpudoctor.bundle.step_spans import RAW_STEPS, StepSpans, expand
@@ -104,9 +104,12 @@ def test_a_span_of_hours_of_steps_stays_small() -> None:
 @pytest.mark.e2e
 def test_a_long_runs_stalls_are_found_at_their_line_through_the_spans(gd: Gpudoctor) -> None:
     """1500 steps: the first 500 written one by one, the rest as spans; a save every 40 steps, 25 of them in
-    the spans, found at its line, and every step counted."""
+    the spans, found at its line, and every step counted. Each save costs about 5% of the steps' time here, GD701's
+    own threshold (4.6% to 5.1% in three runs on a 2-core VM): the test asks for 2%, since what it checks is that
+    the spans keep the stalls, not where the threshold is."""
     script = rule_script("checkpoint_stall.py")
-    result = profile(gd, "checkpoint_stall.py", "--every", "40", "--steps", "1500")
+    result = gd.profile(str(script), "--every", "40", "--steps", "1500", timeout=SCRIPT_TIMEOUT_S,
+                        options=(*WINDOW, "--rule-option", "GD701.min_share=0.02"))
     assert result.returncode == 0, result
     spans = result.events(StepSpanEvent)
     assert spans and spans[0].first_step >= RAW_STEPS
