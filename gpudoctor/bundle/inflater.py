@@ -9,8 +9,10 @@ reader (gpudoctor.bundle.trace_stream) reads them. This module imports only the 
 process starts in about 10 ms.
 
 A frame is a header (`HEADER`: its kind, its payload's length, the file's bytes consumed so far) and its payload:
-BLOCK, inflated JSON; END, the last member ended where the file does; CUT, the file ends inside a member (a trace
-cut short); ERROR, the file is not gzip (the payload: zlib's words, UTF-8).
+START, first, its payload MAGIC (what the reader checks it runs this script, not some other program that
+`sys.executable` names); BLOCK, inflated JSON; END, the last member ended where the file does; CUT, the file ends
+inside a member (a trace cut short); ERROR, the file is not gzip (the payload: zlib's words, UTF-8, at most
+MAX_MESSAGE bytes).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import BinaryIO
 BLOCK_BYTES = 1 << 20  # JSON inflated at a time
 GZIP_READ = 64 << 10  # compressed bytes read at a time: the bomb check weighs what came out against what went in
 HEADER = struct.Struct("<BIQ")  # kind, payload length, bytes of the file consumed
-BLOCK, END, CUT, ERROR = range(4)
+BLOCK, END, CUT, ERROR, START = range(5)
+MAGIC = b"gpudoctor inflater 1"
+MAX_MESSAGE = 4096
 
 
 def gunzipped(raw: BinaryIO, stopped: Callable[[], bool] = lambda: False,
@@ -60,7 +64,8 @@ def gunzipped(raw: BinaryIO, stopped: Callable[[], bool] = lambda: False,
 
 
 def write_frames(raw: BinaryIO, out: BinaryIO, block_bytes: int = BLOCK_BYTES) -> None:
-    """The file inflated into frames on `out`, at most `block_bytes` of JSON a frame."""
+    """The file inflated into frames on `out`, at most `block_bytes` of JSON a frame, after the START frame."""
+    out.write(HEADER.pack(START, len(MAGIC), 0) + MAGIC)
     try:
         for block, consumed in gunzipped(raw, block_bytes=block_bytes):
             if not block:
@@ -70,8 +75,10 @@ def write_frames(raw: BinaryIO, out: BinaryIO, block_bytes: int = BLOCK_BYTES) -
             out.write(block)
     except EOFError:
         out.write(HEADER.pack(CUT, 0, raw.tell()))
+    except BrokenPipeError:
+        raise
     except (OSError, zlib.error) as exc:
-        message = str(exc).encode("utf-8", "replace")
+        message = str(exc).encode("utf-8", "replace")[:MAX_MESSAGE]
         out.write(HEADER.pack(ERROR, len(message), raw.tell()))
         out.write(message)
 
@@ -86,9 +93,10 @@ def main(path: str, block_bytes: int) -> int:
     except BrokenPipeError:  # the reader stopped reading (it had what it wanted, or it ended)
         return 0
     except OSError as exc:  # the file could not be opened or read: said by the reader, which opened it too
-        message = str(exc).encode("utf-8", "replace")
+        message = str(exc).encode("utf-8", "replace")[:MAX_MESSAGE]
         try:
-            sys.stdout.buffer.write(HEADER.pack(ERROR, len(message), 0) + message)
+            sys.stdout.buffer.write(HEADER.pack(START, len(MAGIC), 0) + MAGIC + HEADER.pack(ERROR, len(message), 0)
+                                    + message)
             sys.stdout.buffer.flush()
         except OSError:
             pass

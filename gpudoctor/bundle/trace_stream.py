@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from gpudoctor.bundle import inflater
-from gpudoctor.bundle.inflater import BLOCK, CUT, END, HEADER, gunzipped
+from gpudoctor.bundle.inflater import BLOCK, CUT, END, ERROR, HEADER, MAGIC, MAX_MESSAGE, START, gunzipped
 from gpudoctor.bundle.jsonio import loads as _loads
 from gpudoctor.bundle.trace_file import inflated_cap, inflating_too_far, not_gzip, too_big
 from gpudoctor.errors import BundleError, TraceNotJsonError
@@ -398,20 +398,30 @@ def _inflate_in_process(path: Path, total: int, report: Callable[[int, int], Non
     """The blocks of a .gz file as gpudoctor.bundle.inflater's process writes them, refused as the thread refuses
     them (a bomb, bytes that are not gzip); the process ends with the reading, however it ends."""
     process = _start_inflater(path)
-    inflated, framed, ended = 0, False, False
+    inflated, started, ended = 0, False, False
     try:
         pipe = process.stdout
         assert pipe is not None
         while True:
             header = pipe.read(HEADER.size)
-            kind, length, consumed = HEADER.unpack(header) if len(header) == HEADER.size else (None, 0, 0)
-            payload = pipe.read(length) if length else b""
-            if kind is None or len(payload) < length:
-                if not framed:
-                    raise _NoInflater
+            ended_early = len(header) < HEADER.size
+            kind, length, consumed = (None, 0, 0) if ended_early else HEADER.unpack(header)
+            expected = (kind == START and length == len(MAGIC)) if not started else (
+                (kind == BLOCK and length <= CHUNK_BYTES) or (kind == ERROR and length <= MAX_MESSAGE)
+                or (kind in (END, CUT) and length == 0))
+            payload = pipe.read(length) if expected and length else b""
+            ended_early = ended = ended_early or (expected and len(payload) < length)  # its output ended
+            if not started:
+                if not expected or payload != MAGIC:
+                    raise _NoInflater  # it ended before its first frame, or this is not its output
+                started = True
+                continue
+            if ended_early:
                 raise BundleError(f"{path} could not be read to its end: the process inflating it ended early "
-                                  f"(exit status {process.wait()}).")
-            framed = True
+                                  f"(exit status {_status(process)}).")
+            if not expected:
+                raise BundleError(f"{path} could not be read to its end: the process inflating it wrote what is "
+                                  "not one of its frames.")
             if kind == BLOCK:
                 inflated += length
                 if inflated > cap or inflating_too_far(path, inflated, consumed):
@@ -428,7 +438,7 @@ def _inflate_in_process(path: Path, total: int, report: Callable[[int, int], Non
                 raise not_gzip(path, OSError(payload.decode("utf-8", "replace")))
     finally:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(_EXIT_WAIT_S if ended else 0)  # it exits once its last frame is written
+            process.wait(_EXIT_WAIT_S if ended else 0)  # it exits once its output has ended
         if process.poll() is None:
             process.kill()
         process.wait()
@@ -436,16 +446,25 @@ def _inflate_in_process(path: Path, total: int, report: Callable[[int, int], Non
             process.stdout.close()
 
 
+def _status(process: subprocess.Popen[bytes]) -> int | str:
+    """The exit status of a process whose output ended ("still running" if it has not exited soon after)."""
+    try:
+        return process.wait(_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return "still running"
+
+
 def _start_inflater(path: Path) -> subprocess.Popen[bytes]:
     """gpudoctor.bundle.inflater run as a script on `path` (-I -S: nothing of the environment or of site-packages is
-    read), its frames on a pipe widened to a block where the platform allows it."""
-    if not sys.executable:
+    read), its frames on a pipe widened to a block where the platform allows it. Not where Python is frozen into
+    another program, whose executable runs no script, nor where the module is no file."""
+    script = getattr(inflater, "__file__", None)
+    if not sys.executable or getattr(sys, "frozen", False) or not script:
         raise _NoInflater
     try:
-        process = subprocess.Popen([sys.executable, "-I", "-S", inflater.__file__, os.fspath(path),
-                                    str(CHUNK_BYTES)],
+        process = subprocess.Popen([sys.executable, "-I", "-S", script, os.fspath(path), str(CHUNK_BYTES)],
                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    except OSError:
+    except (OSError, ValueError, TypeError):
         raise _NoInflater from None
     if sys.platform.startswith("linux") and process.stdout is not None:
         import fcntl

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def test_a_bomb_is_refused_in_the_same_sentence(tmp_path: Path, monkeypatch: pyt
             parse_trace(bomb)
         said.append(str(refused.value))
     assert said[0] == said[1] and "gzip bomb" in said[0], said
-    assert len(started) == 1 and started[0].returncode is not None  # ended with the reading, not at its end
+    assert len(started) == 1 and started[0].returncode == -signal.SIGKILL  # ended with the reading, not at its end
 
 
 def test_a_reading_stopped_early_or_interrupted_ends_its_process(
@@ -129,14 +130,14 @@ def test_a_reading_stopped_early_or_interrupted_ends_its_process(
     next(batches)
     assert started[0].poll() is None  # still inflating: the pipe holds a block at a time
     batches.close()
-    assert started[0].returncode is not None
+    assert started[0].returncode == -signal.SIGKILL
 
     def interrupt(done: int, total: int) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         parse_trace(FIXTURE, interrupt)
-    assert len(started) == 2 and started[1].returncode is not None
+    assert len(started) == 2 and started[1].returncode == -signal.SIGKILL
 
 
 def test_a_process_that_ends_early_is_said_and_one_that_cannot_start_leaves_it_to_the_thread(
@@ -170,8 +171,30 @@ def test_the_inflating_process_imports_nothing_beyond_the_standard_library(tmp_p
              " file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, timeout=60, check=True)
     assert done.stderr.strip() == b"[]"
-    header = trace_stream.HEADER
-    kind, length, _ = header.unpack(done.stdout[:header.size])
-    assert kind == trace_stream.BLOCK
-    assert json.loads(done.stdout[header.size:header.size + length]) == {"traceEvents": []}
-    assert header.unpack(done.stdout[header.size + length:])[:2] == (trace_stream.END, 0)
+    header, frames, at = trace_stream.HEADER, [], 0
+    while at < len(done.stdout):
+        kind, length, _ = header.unpack(done.stdout[at:at + header.size])
+        frames.append((kind, done.stdout[at + header.size:at + header.size + length]))
+        at += header.size + length
+    assert [kind for kind, _ in frames] == [trace_stream.START, trace_stream.BLOCK, trace_stream.END]
+    assert frames[0][1] == trace_stream.MAGIC and json.loads(frames[1][1]) == {"traceEvents": []}
+
+
+def test_what_is_not_the_inflaters_output_leaves_the_reading_to_the_thread_or_is_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, started: list[subprocess.Popen[bytes]]) -> None:
+    """A program that prints something else (an executable that is not a Python running the script) before any
+    frame: the thread inflates instead. The inflater's start, then bytes that are no frame: said in one sentence."""
+    monkeypatch.setattr(trace_stream, "CHUNK_BYTES", 4096)
+    in_thread = parse_trace(FIXTURE, detail=False)
+    _in_a_process(monkeypatch, True)
+    other = tmp_path / "other.py"
+    other.write_text("print('usage: other [options] FILE')\nraise SystemExit(2)\n")
+    monkeypatch.setattr(trace_stream.inflater, "__file__", str(other))
+    assert _records(parse_trace(FIXTURE, detail=False)) == _records(in_thread)
+    start = trace_stream.HEADER.pack(trace_stream.START, len(trace_stream.MAGIC), 0) + trace_stream.MAGIC
+    other.write_text(f"import sys, time\nsys.stdout.buffer.write({start!r} + b'x' * 40)\nsys.stdout.flush()\n"
+                     "time.sleep(60)\n")
+    with pytest.raises(BundleError, match="the process inflating it wrote what is not one of its frames"):
+        parse_trace(FIXTURE, detail=False)
+    assert started[0].returncode in (2, -signal.SIGKILL)  # killed if it had not exited when its output was refused
+    assert started[1].returncode == -signal.SIGKILL

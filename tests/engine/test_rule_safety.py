@@ -5,6 +5,7 @@ still written, findings.json stays strict and schema-valid, and the script's exi
 from __future__ import annotations
 
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import REPO, Gpudoctor, checked_findings, script
 from gpudoctor.engine import builtin_rules, load_rules, run_rules
-from gpudoctor.engine.isolation import RuleLimits
+from gpudoctor.engine.isolation import RULE_THREAD_PREFIX, RuleLimits
 from gpudoctor.testing import load_fixture
 
 STARVED = REPO / "fixtures" / "bundles" / "data_starvation_bad"
@@ -50,15 +51,21 @@ def test_a_finding_that_findings_json_cannot_hold_is_the_rules_error(tmp_path: P
 
 def test_a_rule_that_does_not_end_is_left_behind_at_its_time_limit(tmp_path: Path) -> None:
     # It sleeps rather than spins, so that what is left behind costs the rest of this test session nothing;
-    # a spinning rule (`while True: pass`) is left behind the same way in the analyze test below.
-    body = "import time\ntime.sleep(30)\nyield"
+    # a spinning rule (`while True: pass`) is left behind the same way in the analyze test below. The test waits
+    # for it to end: a rule's thread still running keeps a job's ranks from being forked (job.parallel), and the
+    # tests of that ran after this one, within its sleep, when the end-to-end tests were left out.
+    body = "import time\ntime.sleep(10)\nyield"
     rules = load_rules([str(rule_file(tmp_path, body))], builtins=False)
     started = time.monotonic()
     result = run_rules(load_fixture("data_starvation_bad"), rules, limits=RuleLimits(time_s=0.5))
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 8
     (error,) = result.errors
     assert error.error.startswith("RuleTimedOut: rule ACME101 was still running after 0.5 s")
     assert "a_rule" in error.traceback  # where it was when it was left behind
+    left = [t for t in threading.enumerate() if t.name.startswith(RULE_THREAD_PREFIX)]
+    assert left and all(t.is_alive() for t in left)
+    for thread in left:
+        thread.join(30)
 
 
 def test_a_rule_that_never_stops_yielding_is_cut_at_the_cap(tmp_path: Path) -> None:

@@ -66,7 +66,6 @@ def _pid(number: int, bundle: Path) -> tuple[int, str]:
     return os.getpid(), bundle.name
 
 
-@pytest.mark.e2e  # its ranks' traces are inflated in a process each (gpudoctor.bundle.inflater)
 def test_each_rank_runs_in_other_processes_and_comes_back_by_rank(tmp_path: Path) -> None:
     bundles = {n: tmp_path / f"rank-{n}" for n in range(5)}
     done = each_rank(bundles, _pid, 2)
@@ -96,7 +95,6 @@ def test_an_error_of_the_work_is_raised_here(tmp_path: Path) -> None:
         each_rank({0: tmp_path, 1: tmp_path}, fails, 2)
 
 
-@pytest.mark.e2e  # its ranks' traces are inflated in a process each (gpudoctor.bundle.inflater)
 def test_an_error_ends_the_other_ranks_analyses_at_once(tmp_path: Path) -> None:
     """The first error is raised as it comes: the ranks not begun are not, and those being analysed are ended, not
     waited for (each of them would take a minute)."""
