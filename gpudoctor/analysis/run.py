@@ -200,7 +200,7 @@ class Run:
         """The script's processes, threads and samples, and the machine (analysis.host_view)."""
         return HostView(self.manifest, self.events, self.step_view, *self._samples())
 
-    def _samples(self) -> tuple[list[HostRow], list[ProcsRow], list[GpuRow]]:
+    def _samples(self) -> SampleRows:
         """The host's, the processes' and the GPUs' samples."""
         return self._sampled.rows()
 
@@ -400,8 +400,8 @@ for _old, _path in MOVED.items():
     setattr(Run, _old, _Moved(_old, _path))
 
 
-_SAMPLES = msgspec.msgpack.Decoder(tuple[list[HostRow], list[ProcsRow], list[GpuRow]])
 SampleRows = tuple[list[HostRow], list[ProcsRow], list[GpuRow]]
+_SAMPLES = msgspec.msgpack.Decoder(SampleRows)
 
 
 class _Samples:
@@ -416,7 +416,8 @@ class _Samples:
 
     def rows(self) -> SampleRows:
         if self._rows is None:
-            self._rows = _SAMPLES.decode(self._packed or b"")
+            assert self._packed is not None  # made from one or the other
+            self._rows = _SAMPLES.decode(self._packed)
         return self._rows
 
     def packed(self) -> bytes:

@@ -48,6 +48,17 @@ def _records(data: TraceData) -> tuple[Any, ...]:
             data.device_properties, data.cut_short)
 
 
+def _refusals(monkeypatch: pytest.MonkeyPatch, path: Path) -> list[str]:
+    """What reading `path` is refused with, inflated in a thread, then in a process."""
+    said = []
+    for in_process in (False, True):
+        _in_a_process(monkeypatch, in_process)
+        with pytest.raises(BundleError) as refused:
+            parse_trace(path, detail=False)
+        said.append(str(refused.value))
+    return said
+
+
 def _both(monkeypatch: pytest.MonkeyPatch, read: Any) -> tuple[Any, Any]:
     _in_a_process(monkeypatch, False)
     in_thread = read()
@@ -85,10 +96,8 @@ def test_a_trace_cut_short_keeps_the_same_events_and_says_where_it_ends(
     assert process.cut_short is not None and _records(process) == _records(thread)
     assert any(_records(process)[:4])  # what was read before the cut is kept
     path.write_bytes(data[:20])  # the header alone
-    for in_process in (False, True):
-        _in_a_process(monkeypatch, in_process)
-        with pytest.raises(BundleError, match="truncated or not gzip"):
-            parse_trace(path, detail=False)
+    said = _refusals(monkeypatch, path)
+    assert said[0] == said[1] and "truncated or not gzip" in said[0], said
     assert len(started) == 2
 
 
@@ -96,12 +105,7 @@ def test_a_file_that_is_not_gzip_is_said_in_the_same_sentence(tmp_path: Path, mo
                                                               started: list[subprocess.Popen[bytes]]) -> None:
     path = tmp_path / "trace.json.gz"
     path.write_bytes(gzip.compress(b'{"traceEvents": [')[:12] + b"this is not deflate data at all" * 50)
-    said = []
-    for in_process in (False, True):
-        _in_a_process(monkeypatch, in_process)
-        with pytest.raises(BundleError) as refused:
-            parse_trace(path)
-        said.append(str(refused.value))
+    said = _refusals(monkeypatch, path)
     assert said[0] == said[1] and "truncated or not gzip" in said[0], said
     assert len(started) == 1
 
@@ -112,12 +116,7 @@ def test_a_bomb_is_refused_in_the_same_sentence(tmp_path: Path, monkeypatch: pyt
     bomb = tmp_path / "t.json.gz"
     with gzip.open(bomb, "wb", compresslevel=9) as f:
         f.write(b"[" + b" " * (64 << 20) + b"]")
-    said = []
-    for in_process in (False, True):
-        _in_a_process(monkeypatch, in_process)
-        with pytest.raises(BundleError) as refused:
-            parse_trace(bomb)
-        said.append(str(refused.value))
+    said = _refusals(monkeypatch, bomb)
     assert said[0] == said[1] and "gzip bomb" in said[0], said
     assert len(started) == 1 and started[0].returncode == -signal.SIGKILL  # ended with the reading, not at its end
 
