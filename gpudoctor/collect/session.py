@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -39,6 +40,9 @@ ENDING_STATUS = {"completed": 0, "max_steps": 0, "exception": 1, "interrupted": 
 HELPER_GRACE_S = 2.0
 # How long a torch.distributed program's native threads get to finish with Python objects before shutdown.
 NATIVE_SETTLE_S = 0.1
+# How long ending the process group that --max-steps left may take before the process exits without it: a gloo
+# group ends in milliseconds; an NCCL one waits for its communicators (a collective call in some NCCL versions).
+GROUP_END_DEADLINE_S = 30.0
 
 _current: Session | None = None
 
@@ -54,6 +58,9 @@ class Session:
         if rank is not None:
             self.recorder.emit(rank)
         self._finished = False
+        self._abandoned = False
+        # Registered before the script's own handlers, it runs after them: see end_process_group_left_by_stop.
+        atexit.register(self._end_process_group_if_stopped)
         _current = self
 
     def finish(self, reason: str, code: int | None = None, exception: ExceptionDetails | None = None) -> None:
@@ -96,8 +103,13 @@ class Session:
         """In a forked child that becomes a rank of its own: take the parent's instrumentation off, writing
         nothing (the recorder is already off in a forked child)."""
         self._finished = True
+        self._abandoned = True
         self.recorder.disable_in_forked_child()
         self.instrumentation.abandon()
+
+    def _end_process_group_if_stopped(self) -> None:
+        if self.stopped_by_max_steps and not self._abandoned:
+            end_process_group_left_by_stop()
 
 
 def current() -> Session | None:
@@ -105,15 +117,16 @@ def current() -> Session | None:
     return _current
 
 
-def exit_after(seconds: float, status: int) -> threading.Timer:
+def exit_after(seconds: float, status: int, message: str | None = None) -> threading.Timer:
     """Unless cancelled first, end the process with `status` in `seconds`, saying why in one sentence.
 
     The last resort against gpudoctor's own work holding a process that has finished: a native call that never
     returns (a profiler's stop, a write to a hung file system) cannot be interrupted from Python, only left."""
-
-    def give_up() -> None:
+    if message is None:
         message = (f"gpudoctor: writing the recording took over {seconds:g} s, so the process exits without the "
                    "rest of it; the report has what was written before.\n")
+
+    def give_up() -> None:
         with contextlib.suppress(OSError):
             os.write(2, message.encode())  # not print(): the stuck thread may hold sys.stderr's lock
         os._exit(status)
@@ -214,6 +227,33 @@ def let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:
     """
     if may_hold_process_groups():
         time.sleep(pause_s)
+
+
+def end_process_group_left_by_stop() -> None:
+    """End the torch.distributed process group of a rank that --max-steps stopped, as the script's teardown would.
+
+    The stop raises from inside the script's step, so the script never reaches its own `destroy_process_group()`.
+    Left to the interpreter's shutdown, the group's end can abort the process: a gloo worker thread that frees a
+    finished collective's Python objects once shutdown has begun cannot take the GIL ("terminate called without an
+    active exception", tests/scripts/spawn_ddp.py). This runs at exit after the script's own handlers, when the
+    script's frames are gone and with them the model that held the group (DDP's, once its reference cycles are
+    collected); a group something else still holds is only taken out of torch.distributed's registry, as the
+    script's own call would do. A forked rank exits without shutting the interpreter down and never gets here.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    message = (f"gpudoctor: ending the stopped rank's process group took over {GROUP_END_DEADLINE_S:g} s, so the "
+               "process exits without it; its recording was written before.\n")
+    deadline = exit_after(GROUP_END_DEADLINE_S, ENDING_STATUS["max_steps"], message)
+    try:
+        if dist.is_available() and dist.is_initialized():
+            gc.collect()
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001, S110 - the script has ended: nothing of this may change how it exits
+        pass
+    finally:
+        deadline.cancel()
 
 
 def may_hold_process_groups() -> bool:

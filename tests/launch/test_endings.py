@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -318,6 +320,46 @@ def test_gpudoctors_own_work_at_the_end_has_a_deadline() -> None:
     assert time.monotonic() - started < 30
     assert done.stderr == ("gpudoctor: writing the recording took over 0.5 s, so the process exits without the rest "
                            "of it; the report has what was written before.\n")
+
+
+@pytest.mark.e2e
+def test_ending_a_stopped_ranks_process_group_has_a_deadline() -> None:
+    """A group whose shutdown never returns (an NCCL peer gone) ends the process with the stop's status, 0, in one
+    sentence: the rank's recording is written before, and the job is not held."""
+    stuck = ("import sys, time, types\n"
+             "from gpudoctor.collect import session\n"
+             "dist = types.ModuleType('torch.distributed')\n"
+             "dist.is_available = dist.is_initialized = lambda: True\n"
+             "dist.destroy_process_group = lambda: time.sleep(60)\n"
+             "sys.modules['torch.distributed'] = dist\n"
+             "session.GROUP_END_DEADLINE_S = 0.5\n"
+             "session.end_process_group_left_by_stop()\n"
+             "sys.exit(5)\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", stuck], env=env_with(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    assert time.monotonic() - started < 30
+    assert done.stderr == ("gpudoctor: ending the stopped rank's process group took over 0.5 s, so the process exits "
+                           "without it; its recording was written before.\n")
+
+
+@pytest.mark.parametrize("initialized", [True, False])
+def test_a_stopped_ranks_process_group_is_ended_only_if_there_is_one_and_its_deadline_goes(initialized: bool) -> None:
+    from gpudoctor.collect import session
+
+    calls: list[str] = []
+    dist = types.ModuleType("torch.distributed")
+    dist.is_available = lambda: True  # type: ignore[attr-defined]
+    dist.is_initialized = lambda: initialized  # type: ignore[attr-defined]
+    dist.destroy_process_group = lambda: calls.append("destroyed")  # type: ignore[attr-defined]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "torch.distributed", dist)
+        session.end_process_group_left_by_stop()
+    assert calls == (["destroyed"] if initialized else [])
+    deadlines = [t for t in threading.enumerate() if t.name == "gpudoctor-finish-deadline"]
+    for deadline in deadlines:  # cancelled: each ends at once, and none is left to end this process later
+        deadline.join(10)
+    assert not any(deadline.is_alive() for deadline in deadlines)
 
 
 def test_the_deadline_is_cancelled_once_finishing_is_done() -> None:

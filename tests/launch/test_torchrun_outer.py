@@ -44,6 +44,19 @@ def test_module_form_profiles_every_rank_and_merges_them(gd: Gpudoctor) -> None:
     assert "2 ranks" in result.stderr  # the merged summary, once
 
 
+def test_max_steps_stops_torchruns_ranks_and_ends_their_process_groups(gd: Gpudoctor) -> None:
+    # As with mp.spawn (test_frameworks.py): each rank's group is ended before its interpreter shuts down.
+    result = gd.run("profile", "--out", "run", *WINDOW, "--max-steps", "5", "-m", "torch.distributed.run",
+                    "--standalone", "--nproc_per_node", "2", script("ddp_train.py"), "--steps", "400",
+                    "--say-group-at-shutdown")
+    assert result.returncode == 0, result
+    for rank in (0, 1):
+        manifest = _rank_manifest(gd, "run", rank)
+        assert manifest["exit"]["ending"] == "max_steps" and manifest["exit"]["steps"] == 5
+        assert f"rank {rank}: process group at shutdown: none" in result.stdout, result
+    _assert_complete_ranks(gd, "run", (0, 1))
+
+
 def test_a_job_of_one_rank_is_merged_like_several(gd: Gpudoctor) -> None:
     # torchrun --nproc_per_node 1 (the DDP tutorials' first run): WORLD_SIZE is 1, and the rank is still torchrun's
     result = gd.run("profile", "--out", "run", *WINDOW, "-m", "torch.distributed.run", "--standalone",

@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
+from group_at_exit import say_group_at_shutdown
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -25,6 +26,7 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-s", type=float, default=0.0)
     parser.add_argument("--init", choices=("env", "slurm", "ompi"), default="env")
+    parser.add_argument("--say-group-at-shutdown", action="store_true", help="group_at_exit.py")
     args = parser.parse_args()
     if args.init in ("slurm", "ompi"):
         rank_of, size_of = {"slurm": ("SLURM_PROCID", "SLURM_NTASKS"),
@@ -34,6 +36,8 @@ def main() -> None:
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if args.say_group_at_shutdown:
+        say_group_at_shutdown(rank)
     torch.manual_seed(rank)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn  # before any process group exists: see above
 import torch.multiprocessing as mp
+from group_at_exit import say_group_at_shutdown
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -31,8 +32,10 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def train(rank: int, world_size: int, steps: int, crash_rank: int | None = None) -> None:
+def train(rank: int, world_size: int, steps: int, crash_rank: int | None = None, say_group: bool = False) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if say_group:
+        say_group_at_shutdown(rank)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                                         torch.nn.Linear(64, 1)))
@@ -67,6 +70,7 @@ if __name__ == "__main__":
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--crash-rank", type=int, default=None, help="this rank raises at its 4th step")
+    parser.add_argument("--say-group-at-shutdown", action="store_true", help="group_at_exit.py")
     args = parser.parse_args()
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    mp.spawn(train, args=(args.nproc, args.steps, args.crash_rank), nprocs=args.nproc)
+    mp.spawn(train, args=(args.nproc, args.steps, args.crash_rank, args.say_group_at_shutdown), nprocs=args.nproc)
