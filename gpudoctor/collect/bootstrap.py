@@ -95,6 +95,7 @@ def main(argv: list[str]) -> None:
     target_kind, target = argv[1].lstrip("-"), argv[2]
     args = argv[4:]  # argv[3] is the "--" separator
     mark_exiting_at_exit(Path(config.run_dir))  # first: atexit runs handlers last-registered first
+    follow.end_stopped_group_at_exit()  # then, before the script's handlers, so that it runs after them
     session = Session(config)
     session.finish_on_sigterm()
     follow.in_root_process()

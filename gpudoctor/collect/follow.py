@@ -97,11 +97,38 @@ def at_interpreter_start() -> None:
     config = _config()
     if config is None or _launcher(sys.orig_argv):
         return
-    rank = None if _multiprocessing_child() else rank_from_environment(os.environ)
+    spawned = _multiprocessing_child()
+    rank = None if spawned else rank_from_environment(os.environ)
+    if spawned or rank is not None:  # a process that may become a rank (the script's own registers in bootstrap)
+        end_stopped_group_at_exit()
     session = _become_rank(config, rank, "environment") if rank is not None else None
     if session is not None:
         _finish_at_exit(session)
     watch_process_starts(config)
+
+
+_group_end_registered = False
+
+
+def end_stopped_group_at_exit() -> None:
+    """At exit, end the process group of a rank that --max-steps stopped (collect.session says why).
+
+    Registered as the interpreter starts, before any of the script's code runs, so that it runs after every atexit
+    handler the script registers: an mp.spawn child imports the script's module, whose handlers may use the group,
+    before it becomes a rank. Once per process; a forked child inherits it, and its session says whether to act.
+    """
+    global _group_end_registered  # noqa: PLW0603 - one registration per process
+    if _group_end_registered:
+        return
+    _group_end_registered = True
+
+    def end_if_stopped() -> None:
+        sessions = sys.modules.get("gpudoctor.collect.session")  # none where this process never recorded
+        session = sessions.current() if sessions is not None else None
+        if session is not None:
+            session.end_process_group_if_stopped()
+
+    atexit.register(end_if_stopped)
 
 
 def _launcher(argv: list[str]) -> bool:

@@ -59,8 +59,8 @@ class Session:
             self.recorder.emit(rank)
         self._finished = False
         self._abandoned = False
-        # Registered before the script's own handlers, it runs after them: see end_process_group_left_by_stop.
-        atexit.register(self._end_process_group_if_stopped)
+        self._pid = os.getpid()
+        self._exit_status = 0  # the status the process exits with, as its ending says
         _current = self
 
     def finish(self, reason: str, code: int | None = None, exception: ExceptionDetails | None = None) -> None:
@@ -69,7 +69,8 @@ class Session:
             return
         with ctrl_c_held():  # a Ctrl-C pending as it is entered raises here, before the session counts as finished
             self._finished = True
-            deadline = exit_after(FINISH_DEADLINE_S, ENDING_STATUS.get(reason, 1 if code is None else code))
+            self._exit_status = ENDING_STATUS.get(reason, 1 if code is None else code)
+            deadline = exit_after(FINISH_DEADLINE_S, self._exit_status)
             try:
                 self.instrumentation.uninstall()
                 self.recorder.finish(reason, code, exception)
@@ -107,9 +108,11 @@ class Session:
         self.recorder.disable_in_forked_child()
         self.instrumentation.abandon()
 
-    def _end_process_group_if_stopped(self) -> None:
-        if self.stopped_by_max_steps and not self._abandoned:
-            end_process_group_left_by_stop()
+    def end_process_group_if_stopped(self) -> None:
+        """At exit: end the process group that --max-steps kept the script from ending (not in a forked child,
+        whose copy of the group has none of its threads)."""
+        if self.stopped_by_max_steps and not self._abandoned and self._pid == os.getpid():
+            end_process_group_left_by_stop(self._exit_status)
 
 
 def current() -> Session | None:
@@ -229,28 +232,31 @@ def let_native_threads_settle(pause_s: float = NATIVE_SETTLE_S) -> None:
         time.sleep(pause_s)
 
 
-def end_process_group_left_by_stop() -> None:
+def end_process_group_left_by_stop(status: int = 0) -> None:
     """End the torch.distributed process group of a rank that --max-steps stopped, as the script's teardown would.
 
     The stop raises from inside the script's step, so the script never reaches its own `destroy_process_group()`.
     Left to the interpreter's shutdown, the group's end can abort the process: a gloo worker thread that frees a
     finished collective's Python objects once shutdown has begun cannot take the GIL ("terminate called without an
-    active exception", tests/scripts/spawn_ddp.py). This runs at exit after the script's own handlers, when the
-    script's frames are gone and with them the model that held the group (DDP's, once its reference cycles are
-    collected); a group something else still holds is only taken out of torch.distributed's registry, as the
-    script's own call would do. A forked rank exits without shutting the interpreter down and never gets here.
+    active exception", tests/scripts/spawn_ddp.py). This runs at exit after the script's own handlers
+    (`collect.follow.end_stopped_group_at_exit`), when the script's frames are gone and with them a model that
+    held the group in a function (DDP's, once its reference cycles are collected): gloo's threads are joined here.
+    A model kept in the script's globals still holds the group, which is then only taken out of torch.distributed's
+    registry, its threads left to the shutdown: exactly what the script's own call would have done. A forked rank
+    exits without shutting the interpreter down and never gets here. Past the deadline, the process exits with
+    `status`, the one its ending gives.
     """
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
     message = (f"gpudoctor: ending the stopped rank's process group took over {GROUP_END_DEADLINE_S:g} s, so the "
                "process exits without it; its recording was written before.\n")
-    deadline = exit_after(GROUP_END_DEADLINE_S, ENDING_STATUS["max_steps"], message)
+    deadline = exit_after(GROUP_END_DEADLINE_S, status, message)
     try:
         if dist.is_available() and dist.is_initialized():
             gc.collect()
             dist.destroy_process_group()
-    except Exception:  # noqa: BLE001, S110 - the script has ended: nothing of this may change how it exits
+    except BaseException:  # noqa: BLE001, S110 - a Ctrl-C as well: the script has ended, and exits as it would
         pass
     finally:
         deadline.cancel()

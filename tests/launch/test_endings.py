@@ -324,8 +324,8 @@ def test_gpudoctors_own_work_at_the_end_has_a_deadline() -> None:
 
 @pytest.mark.e2e
 def test_ending_a_stopped_ranks_process_group_has_a_deadline() -> None:
-    """A group whose shutdown never returns (an NCCL peer gone) ends the process with the stop's status, 0, in one
-    sentence: the rank's recording is written before, and the job is not held."""
+    """A group whose shutdown never returns (an NCCL peer gone) ends the process with the status its ending gives,
+    in one sentence: the rank's recording is written before, and the job is not held."""
     stuck = ("import sys, time, types\n"
              "from gpudoctor.collect import session\n"
              "dist = types.ModuleType('torch.distributed')\n"
@@ -333,11 +333,11 @@ def test_ending_a_stopped_ranks_process_group_has_a_deadline() -> None:
              "dist.destroy_process_group = lambda: time.sleep(60)\n"
              "sys.modules['torch.distributed'] = dist\n"
              "session.GROUP_END_DEADLINE_S = 0.5\n"
-             "session.end_process_group_left_by_stop()\n"
+             "session.end_process_group_left_by_stop(2)\n"
              "sys.exit(5)\n")
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", stuck], env=env_with(), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done
+    assert done.returncode == 2, done
     assert time.monotonic() - started < 30
     assert done.stderr == ("gpudoctor: ending the stopped rank's process group took over 0.5 s, so the process exits "
                            "without it; its recording was written before.\n")

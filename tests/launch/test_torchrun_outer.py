@@ -53,7 +53,8 @@ def test_max_steps_stops_torchruns_ranks_and_ends_their_process_groups(gd: Gpudo
     for rank in (0, 1):
         manifest = _rank_manifest(gd, "run", rank)
         assert manifest["exit"]["ending"] == "max_steps" and manifest["exit"]["steps"] == 5
-        assert f"rank {rank}: process group at shutdown: none" in result.stdout, result
+        assert f"rank {rank}: process group in the script's atexit handler: held" in result.stdout, result
+        assert f"rank {rank}: process group at shutdown: none, gloo threads: 0" in result.stdout, result
     _assert_complete_ranks(gd, "run", (0, 1))
 
 
