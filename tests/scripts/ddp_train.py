@@ -14,7 +14,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.nn  # before any process group exists (spawn_ddp.py says why)
-from group_at_exit import say_group_at_shutdown
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -37,6 +36,9 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     if args.say_group_at_shutdown:
+        # Imported only here: a test runs a copy of this file alone as a module of its working directory.
+        from group_at_exit import say_group_at_shutdown
+
         say_group_at_shutdown(rank)
     torch.manual_seed(rank)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
